@@ -1,0 +1,31 @@
+# Shardline developer commands. `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint demo clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy api service workers bench
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra tests
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy api service workers bench
+
+demo: setup
+	OMP_NUM_THREADS=1 $(BIN)/shardline train examples/tiny.yaml --nproc 4
+
+clean:
+	rm -rf $(VENV) .shardline .pytest_cache .mypy_cache .ruff_cache

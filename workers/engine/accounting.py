@@ -1,0 +1,57 @@
+"""What a rank holds in memory, and how close it runs to the hardware's peak."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+# bf16 dense peak FLOP/s per device (vendor datasheets, without sparsity).
+BF16_PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _optimizer_states(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+    # ZeroRedundancyOptimizer keeps this rank's partition in an inner optimizer.
+    inner = getattr(optimizer, "optim", optimizer)
+    for state in inner.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                yield _local(value)
+
+
+def memory_held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state right now."""
+    params = list(model.parameters())
+    return {
+        "params": _bytes(_local(p) for p in params),
+        "grads": _bytes(_local(p.grad) for p in params if p.grad is not None),
+        "optim": _bytes(_optimizer_states(optimizer)),
+    }
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's bf16 dense peak, or None where MFU means nothing (CPU, unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in BF16_PEAK_FLOPS.items():
+        if key in name:
+            return flops
+    return None

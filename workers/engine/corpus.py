@@ -1,0 +1,105 @@
+"""Turning data sources into one flat array of token ids, cached on disk as a memmap."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from workers.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+SYNTHETIC_TOKENS = 1 << 20
+SYNTHETIC_RUN = 256
+
+
+def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    """uint16 while every id fits, uint32 beyond (the nanoGPT .bin convention)."""
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHARDLINE_CACHE_DIR", Path.home() / ".cache" / "shardline"))
+
+
+def synthetic_tokens(vocab_size: int, seed: int) -> np.ndarray:
+    """Deterministic random tokens with structure a model can learn.
+
+    Runs of SYNTHETIC_RUN tokens each start at a random id and then follow one fixed random
+    permutation of the vocabulary, so loss starts at ln(vocab) and can fall towards zero.
+    """
+    rng = np.random.default_rng([seed, 0x5EED])
+    perm = rng.permutation(vocab_size)
+    runs = SYNTHETIC_TOKENS // SYNTHETIC_RUN
+    out = np.empty((runs, SYNTHETIC_RUN), dtype=np.int64)
+    out[:, 0] = rng.integers(0, vocab_size, size=runs)
+    for t in range(1, SYNTHETIC_RUN):
+        out[:, t] = perm[out[:, t - 1]]
+    return out.reshape(-1).astype(token_dtype(vocab_size))
+
+
+def text_files(root: Path) -> list[Path]:
+    """The file itself, or every file under a folder (recursively, in a stable order)."""
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise FileNotFoundError(f"data.path: {root} is neither a file nor a folder")
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _fingerprint(files: list[Path], tokenizer: Tokenizer) -> str:
+    h = hashlib.sha256(tokenizer.name.encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def text_tokens(root: Path, tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
+    """Tokenize a file or folder of UTF-8 text once, then reuse the cached memmap."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's "
+            f"{tokenizer.vocab_size} tokens; raise model.vocab_size"
+        )
+    files = text_files(root)
+    dtype = token_dtype(vocab_size)
+    cached = cache_dir() / "tokens" / f"{_fingerprint(files, tokenizer)}.{np.dtype(dtype).name}"
+    if cached.exists():
+        return np.memmap(cached, dtype=dtype, mode="r")
+    ids: list[int] = []
+    skipped = 0
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            skipped += 1  # binary files in a folder of text (images, bytecode) are not text
+            continue
+        ids.extend(tokenizer.encode(text + "\n"))
+    if skipped:
+        log.warning("skipped %d of %d files under %s: not UTF-8 text", skipped, len(files), root)
+    if not ids:
+        raise ValueError(f"data.path: no UTF-8 text found under {root}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    np.asarray(ids, dtype=dtype).tofile(tmp)
+    os.replace(tmp, cached)  # atomic: concurrent readers see all of it or nothing
+    log.info("tokenized %d files under %s into %d tokens (%s)", len(files), root, len(ids), cached)
+    return np.memmap(cached, dtype=dtype, mode="r")
+
+
+def bin_tokens(path: Path, vocab_size: int) -> np.ndarray:
+    """A pre-tokenized flat .bin of uint16 (vocab <= 65536) or uint32 ids."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path: no token file at {path}")
+    dtype = token_dtype(vocab_size)
+    if path.stat().st_size % np.dtype(dtype).itemsize:
+        raise ValueError(
+            f"data.path: {path} is not a whole number of {np.dtype(dtype).name} ids "
+            f"(model.vocab_size={vocab_size} selects {np.dtype(dtype).name})"
+        )
+    return np.memmap(path, dtype=dtype, mode="r")

@@ -1,0 +1,128 @@
+"""`shardline train`: the engine on this machine, without Ray.
+
+N ranks are spawned as processes that join one world over TCP on localhost. Rank 0 sends
+its metrics and the final summary to the parent through a queue; the parent shows
+progress, writes the metrics file and returns the summary. Under torchrun (RANK and
+WORLD_SIZE set) the current process is one rank and rank 0 does that reporting itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[str, Any], None]
+
+
+class TrainingFailed(RuntimeError):
+    """A rank raised or died; the message carries its error."""
+
+
+def run_rank(rank: int, world_size: int, master: tuple[str, int], spec_json: str,
+             report: Report, local_ranks: int) -> None:
+    """Body of one rank: join the world, train, report (rank 0), leave."""
+    # Imported here so the parent and the spec stay free of torch until a rank starts.
+    from workers.engine.distributed import (
+        init_world,
+        leave_world,
+        limit_cpu_threads,
+        pick_device,
+    )
+    from workers.engine.trainer import Trainer
+
+    limit_cpu_threads(local_ranks)
+    spec = JobSpec.model_validate_json(spec_json)
+    device = pick_device(rank)
+    init_world(rank=rank, world_size=world_size, master_addr=master[0],
+               master_port=master[1], device=device)
+    try:
+        sink = (lambda m: report("metrics", m)) if rank == 0 else None
+        trainer = Trainer(spec, world_size=world_size, device=device, on_metrics=sink)
+        summary = trainer.train()
+        if rank == 0:
+            report("summary", summary)
+    finally:
+        leave_world()
+
+
+def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str,
+                  events: mp.Queue) -> None:
+    logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(message)s")
+    try:
+        run_rank(rank, world_size, ("127.0.0.1", port), spec_json,
+                 lambda kind, payload: events.put((kind, payload)), world_size)
+    except BaseException as err:
+        events.put(("error", {"rank": rank, "error": repr(err),
+                              "traceback": traceback.format_exc()}))
+        raise SystemExit(1) from err
+
+
+def train_local(
+    spec: JobSpec,
+    nproc: int,
+    on_metrics: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Train `spec` on `nproc` local processes; returns rank 0's summary."""
+    from workers.engine.distributed import free_port
+
+    spec.check_world_size(nproc)
+    ctx = mp.get_context("spawn")
+    events: mp.Queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_spawned_rank, args=(r, nproc, port, spec.model_dump_json(), events),
+                    daemon=True)
+        for r in range(nproc)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(procs, events, on_metrics)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=10)
+
+
+def _collect(procs: list[Any], events: mp.Queue,
+             on_metrics: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    summary: dict[str, Any] | None = None
+    while True:
+        try:
+            kind, payload = events.get(timeout=0.5)
+        except queue.Empty:
+            dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                raise TrainingFailed(
+                    f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+                ) from None
+            if summary is not None and all(p.exitcode == 0 for p in procs):
+                return summary
+            continue
+        if kind == "metrics" and on_metrics is not None:
+            on_metrics(payload)
+        elif kind == "summary":
+            summary = payload
+        elif kind == "error":
+            raise TrainingFailed(
+                f"rank {payload['rank']} failed: {payload['error']}\n{payload['traceback']}"
+            )
+
+
+def train_under_torchrun(spec: JobSpec, report: Report) -> None:
+    """This process is one rank of a torchrun world."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    spec.check_world_size(world)
+    master = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
+    run_rank(rank, world, master, spec.model_dump_json(), report,
+             int(os.environ.get("LOCAL_WORLD_SIZE", world)))

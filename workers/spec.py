@@ -1,0 +1,283 @@
+"""The JobSpec: what a user asks Shardline to train.
+
+Pure pydantic on purpose: the SDK and the API import this module, and it must not pull in
+torch or ray. Every rule that can be checked without running anything is checked here, and
+each failure names the field and says what to change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workers.presets import PRESETS, ffn_hidden_dim
+
+# Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
+# instead of an out-of-memory crash hours later.
+MAX_DEGREE = 4096
+MAX_STEPS = 100_000_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSource(StrEnum):
+    synthetic = "synthetic"
+    text = "text"
+    tokens = "tokens"
+
+
+class PipelineSchedule(StrEnum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved_1f1b"
+
+
+class Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ActivationCheckpointing(StrEnum):
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class ModelSpec(_Strict):
+    """A preset, with any field overriding it."""
+
+    preset: str = "tiny"
+    dim: Annotated[int, Field(ge=8, le=65536)] | None = None
+    n_layers: Annotated[int, Field(ge=1, le=1024)] | None = None
+    n_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    n_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    vocab_size: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
+    seq_len: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.preset not in PRESETS:
+            raise ValueError(
+                f"model.preset={self.preset!r} is unknown; choose one of {', '.join(PRESETS)}"
+            )
+        r = self.resolved()
+        if r["dim"] % r["n_heads"]:
+            raise ValueError(
+                f"model.dim={r['dim']} is not divisible by model.n_heads={r['n_heads']}"
+            )
+        if (r["dim"] // r["n_heads"]) % 2:
+            raise ValueError(
+                f"model.dim / model.n_heads = {r['dim'] // r['n_heads']} must be even "
+                "(rotary embeddings rotate pairs of channels)"
+            )
+        if r["n_kv_heads"] > r["n_heads"] or r["n_heads"] % r["n_kv_heads"]:
+            raise ValueError(
+                f"model.n_kv_heads={r['n_kv_heads']} must divide model.n_heads={r['n_heads']}"
+            )
+        return self
+
+    def resolved(self) -> dict[str, Any]:
+        """The preset's values with this spec's overrides applied, plus the MLP width."""
+        preset = PRESETS[self.preset]
+        out: dict[str, Any] = {}
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"):
+            value = getattr(self, name)
+            out[name] = getattr(preset, name) if value is None else value
+        out["ffn_dim"] = ffn_hidden_dim(out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of)
+        return out
+
+
+class DataSpec(_Strict):
+    source: DataSource = DataSource.synthetic
+    path: str | None = None
+    tokenizer: str = "byte"
+    val_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.source != DataSource.synthetic and not self.path:
+            raise ValueError(
+                f"data.path is required when data.source={self.source.value!r}; "
+                "give a file or folder of text, or a .bin of token ids"
+            )
+        if self.source == DataSource.tokens and self.tokenizer != "byte":
+            raise ValueError(
+                "data.tokenizer does not apply to data.source='tokens' (already tokenized); "
+                "remove it"
+            )
+        return self
+
+
+class ParallelSpec(_Strict):
+    dp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    tp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    pp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    pp_virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        interleaved = self.pp_schedule == PipelineSchedule.interleaved_1f1b
+        if interleaved and self.pp_virtual_stages < 2:
+            raise ValueError(
+                "parallel.pp_schedule='interleaved_1f1b' needs parallel.pp_virtual_stages >= 2"
+            )
+        if not interleaved and self.pp_virtual_stages > 1:
+            raise ValueError(
+                f"parallel.pp_virtual_stages={self.pp_virtual_stages} needs "
+                "parallel.pp_schedule='interleaved_1f1b'; set it to 1 or change the schedule"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
+        return self
+
+
+class TrainSpec(_Strict):
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
+    global_batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 8
+    micro_batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 2
+    lr: Annotated[float, Field(gt=0.0, le=10.0)] = 3e-4
+    min_lr: Annotated[float, Field(ge=0.0, le=10.0)] = 3e-5
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
+    grad_clip: Annotated[float, Field(ge=0.0)] = 1.0
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    log_every: PositiveInt = 1
+    eval_every: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"train.warmup_steps={self.warmup_steps} exceeds train.steps={self.steps}"
+            )
+        return self
+
+
+class CheckpointSpec(_Strict):
+    every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+    async_save: bool = False
+
+
+class FaultToleranceSpec(_Strict):
+    max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
+    hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
+
+
+class ResourcesSpec(_Strict):
+    gpus_per_worker: Annotated[float, Field(ge=0.0, le=64.0)] = 0.0
+    cpus_per_worker: Annotated[float, Field(gt=0.0, le=1024.0)] = 1.0
+
+
+class JobSpec(_Strict):
+    """A training job: model, data, layout, precision, schedule and fault-tolerance."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\-]*$")]
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    parallel: ParallelSpec = ParallelSpec()
+    precision: Precision = Precision.fp32
+    train: TrainSpec = TrainSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Self:
+        m = self.model.resolved()
+        par, tr = self.parallel, self.train
+        stages = par.pp * par.pp_virtual_stages
+        if m["n_layers"] % stages:
+            what = "parallel.pp" if par.pp_virtual_stages == 1 else (
+                "parallel.pp x parallel.pp_virtual_stages"
+            )
+            raise ValueError(
+                f"model.n_layers={m['n_layers']} is not divisible by {what}={stages}; "
+                "change the layer count or the number of pipeline stages"
+            )
+        if m["n_heads"] % par.tp or m["n_kv_heads"] % par.tp:
+            raise ValueError(
+                f"parallel.tp={par.tp} must divide model.n_heads={m['n_heads']} and "
+                f"model.n_kv_heads={m['n_kv_heads']} (each tensor-parallel rank holds whole heads)"
+            )
+        if m["vocab_size"] % par.tp:
+            raise ValueError(
+                f"model.vocab_size={m['vocab_size']} is not divisible by parallel.tp={par.tp}; "
+                "round the vocabulary up to a multiple of tp"
+            )
+        per_step = tr.micro_batch_size * par.dp
+        if tr.global_batch_size % per_step:
+            raise ValueError(
+                f"train.global_batch_size={tr.global_batch_size} is not divisible by "
+                f"train.micro_batch_size x parallel.dp = {tr.micro_batch_size} x {par.dp} = "
+                f"{per_step}; make it a multiple of {per_step}"
+            )
+        if par.pp > 1 and self.accumulation_steps < par.pp:
+            raise ValueError(
+                f"with parallel.pp={par.pp} the pipeline needs at least {par.pp} micro-batches "
+                f"per step but train.global_batch_size / (micro_batch_size x dp) = "
+                f"{self.accumulation_steps}; raise global_batch_size or lower micro_batch_size"
+            )
+        if self.data.source == DataSource.text and self.data.tokenizer == "byte" and (
+            m["vocab_size"] < 256
+        ):
+            raise ValueError(
+                f"model.vocab_size={m['vocab_size']} is too small for data.tokenizer='byte'; "
+                "it needs at least 256"
+            )
+        return self
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank."""
+        return self.train.global_batch_size // (self.train.micro_batch_size * self.parallel.dp)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise ValueError unless the layout uses exactly `world_size` processes."""
+        par = self.parallel
+        if par.world_size != world_size:
+            raise ValueError(
+                f"parallel: dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {par.world_size} but the job "
+                f"runs on {world_size} processes; make the product {world_size} or run "
+                f"{par.world_size} processes"
+            )
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a JobSpec from a YAML or JSON file."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a job spec is a mapping of fields, got {type(data).__name__}")
+    return JobSpec.model_validate(data)
+
+
+def describe_errors(err: ValidationError) -> list[str]:
+    """One readable line per validation error: the field path, then what is wrong."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(part) for part in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return lines
