@@ -16,13 +16,13 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy api service workers bench
+	$(BIN)/mypy api service workers bench tests
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra tests
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy api service workers bench
+	$(BIN)/mypy api service workers bench tests
 
 demo: setup
 	OMP_NUM_THREADS=1 $(BIN)/shardline train examples/tiny.yaml --nproc 4

@@ -68,7 +68,8 @@ def train(
     summary: dict[str, Any] = {}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
-                  TimeElapsedColumn(), console=err_console, transient=False) as progress:
+                  TimeElapsedColumn(), console=err_console, transient=False,
+                  disable=under_torchrun and os.environ["RANK"] != "0") as progress:
         task = progress.add_task(spec.name, total=spec.train.steps, status="starting")
 
         def on_metrics(m: dict[str, Any]) -> None:

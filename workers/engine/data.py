@@ -63,8 +63,8 @@ class BatchLoader:
             )
         if n_val and len(self.val_tokens) < window:
             raise ValueError(
-                f"data: the held-out split has {n_val} tokens, fewer than model.seq_len + 1 = "
-                f"{window}; raise data.val_fraction or add data"
+                f"data: the held-out split has {n_val} tokens; raise data.val_fraction or add "
+                f"data (validation needs at least model.seq_len + 1 = {window})"
             )
         self.rows_per_rank = self.global_batch_size // self.dp_size
 

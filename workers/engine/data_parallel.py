@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,7 +73,9 @@ def build_optimizer(
     device: torch.device,
 ) -> torch.optim.Optimizer:
     """AdamW (fused on GPU); with zero-1 its state is partitioned across dp ranks."""
-    kwargs = {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda"}
+    kwargs: dict[str, Any] = {
+        "lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda"
+    }
     groups = _param_groups(model, weight_decay)
     if zero_stage == 1 and dp_mesh.size() > 1:
         return ZeroRedundancyOptimizer(

@@ -148,7 +148,8 @@ class Transformer(nn.Module):
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         seq = h.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        rope_cos, rope_sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
+        cos, sin = rope_cos[:seq], rope_sin[:seq]
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:
