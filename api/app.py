@@ -1,0 +1,51 @@
+"""The FastAPI application, built by a factory so tests and `serve` build their own."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.limits import BodySizeLimit
+from api.routes import jobs, system
+from api.telemetry import ApiTelemetry
+from service.config import Settings
+from service.db import Database
+from service.runtime import NoRuntime, Runtime
+from service.store import JobStore
+from service.users import UserDirectory
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    """The API over `settings.database_url` (already migrated); `runtime` runs the jobs."""
+    db = Database(settings.resolved_database_url)
+    the_runtime: Runtime = runtime or NoRuntime()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        the_runtime.start()
+        try:
+            yield
+        finally:
+            the_runtime.stop()
+            db.dispose()
+
+    app = FastAPI(title="Shardline", version="0.1.0", lifespan=lifespan,
+                  description="Train large language models on your own cluster.")
+    app.state.settings = settings
+    app.state.db = db
+    app.state.store = JobStore(db)
+    app.state.users = UserDirectory(db)
+    app.state.runtime = the_runtime
+    app.state.telemetry = ApiTelemetry(db)
+    install_error_handlers(app)
+    app.middleware("http")(app.state.telemetry.middleware)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(jobs.router)
+    app.include_router(system.router)
+    return app

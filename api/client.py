@@ -1,0 +1,138 @@
+"""The Python SDK: a thin, typed client of the REST API on httpx.
+
+    from api.client import Client
+    client = Client("http://127.0.0.1:8000", token)
+    job = client.submit("examples/tiny.yaml")
+    client.wait(job["id"], timeout=600)
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.spec import JobSpec, load_spec
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+class ShardlineError(Exception):
+    """An error answered by the API; `code` is its machine-readable code."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class Unauthorized(ShardlineError):
+    pass
+
+
+class NotFound(ShardlineError):
+    pass
+
+
+class Conflict(ShardlineError):
+    pass
+
+
+class InvalidRequest(ShardlineError):
+    pass
+
+
+class WaitTimeout(TimeoutError):
+    pass
+
+
+_BY_STATUS: dict[int, type[ShardlineError]] = {401: Unauthorized, 404: NotFound, 409: Conflict,
+                                               400: InvalidRequest, 413: InvalidRequest,
+                                               422: InvalidRequest}
+
+
+def _spec_body(spec: JobSpec | dict[str, Any] | str | Path) -> dict[str, Any]:
+    if isinstance(spec, JobSpec):
+        return spec.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(spec, dict):
+        return spec
+    return load_spec(spec).model_dump(mode="json", exclude_defaults=True)
+
+
+class Client:
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        if response.is_success:
+            return response.json()
+        try:
+            err = response.json()["error"]
+            code, message, details = err["code"], err["message"], err.get("details")
+        except (ValueError, KeyError, TypeError):
+            code, message, details = "http_error", response.text[:500], None
+        cls = _BY_STATUS.get(response.status_code, ShardlineError)
+        raise cls(response.status_code, code, message, details)
+
+    def submit(self, spec: JobSpec | dict[str, Any] | str | Path,
+               idempotency_key: str | None = None) -> dict[str, Any]:
+        """Queue a job from a JobSpec, a dict, or a YAML/JSON file path."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", json=_spec_body(spec), headers=headers)
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def list(self, state: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"state": state, "limit": limit, "cursor": cursor}.items()
+                  if v is not None}
+        return self._call("GET", "/v1/jobs", params=params)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def events(self, job_id: str, after: int = 0) -> builtins.list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/events",
+                          params={"after": after})["events"]
+
+    def metrics(self, job_id: str, since_step: int = 0) -> builtins.list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/metrics",
+                          params={"since_step": since_step})["metrics"]
+
+    def checkpoints(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        return self._call("GET",
+                          f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]
+
+    def logs(self, job_id: str, rank: int = 0, tail: int = 200) -> builtins.list[str]:
+        return self._call("GET", f"/v1/jobs/{job_id}/logs",
+                          params={"rank": rank, "tail": tail})["lines"]
+
+    def cluster(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/cluster")
+
+    def wait(self, job_id: str, timeout: float, poll_s: float = 1.0) -> dict[str, Any]:
+        """Poll until the job ends; returns it, or raises WaitTimeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job["state"] in TERMINAL_STATES:
+                return job
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout}s")
+            time.sleep(poll_s)

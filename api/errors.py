@@ -1,0 +1,89 @@
+"""One error shape for every failure: {"error": {"code", "message", "details"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.store import (
+    ConcurrentUpdate,
+    IdempotencyConflict,
+    IllegalTransition,
+    JobNotFound,
+    StoreError,
+)
+
+log = logging.getLogger(__name__)
+
+_STORE_STATUS: dict[type[StoreError], int] = {
+    JobNotFound: 404,
+    IdempotencyConflict: 409,
+    IllegalTransition: 409,
+    ConcurrentUpdate: 409,
+}
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large",
+               415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
+
+
+class ApiError(Exception):
+    """Raised by routes; rendered with the error shape."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+        self.headers = headers
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+
+
+def field_errors(errors: Any) -> list[dict[str, str]]:
+    """Pydantic errors as [{field, message}], the field a dotted path into the body."""
+    out = []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        out.append({"field": ".".join(loc), "message": str(e.get("msg", "")).removeprefix(
+            "Value error, ")})
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, err: ApiError) -> JSONResponse:
+        return error_response(err.status, err.code, err.message, err.details, err.headers)
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, err: StoreError) -> JSONResponse:
+        return error_response(_STORE_STATUS.get(type(err), 409), err.code, str(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, err: RequestValidationError) -> JSONResponse:
+        details = field_errors(err.errors())
+        first = details[0] if details else {"field": "", "message": "invalid request"}
+        message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+        return error_response(422, "validation_error", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(err.status_code, "http_error")
+        return error_response(err.status_code, code, str(err.detail),
+                              headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error",
+                              "the server failed to handle this request; it has been logged")

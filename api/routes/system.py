@@ -1,0 +1,51 @@
+"""Health, readiness, Prometheus metrics and the cluster's state."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import func, select, text
+
+from api.deps import CurrentUser, RuntimeDep
+from api.errors import ApiError
+from api.schemas import ClusterPublic
+from service.db import Database
+from service.models import Job
+
+router = APIRouter(tags=["system"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up (says nothing about its dependencies)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(request: Request) -> dict[str, str]:
+    """Ready to serve: the database answers."""
+    db: Database = request.app.state.db
+    try:
+        with db.session() as s:
+            s.execute(text("SELECT 1"))
+    except Exception as err:
+        raise ApiError(503, "unavailable", f"database unreachable: {type(err).__name__}") from err
+    return {"status": "ready"}
+
+
+@router.get("/metrics", response_class=Response)
+def prometheus_metrics(request: Request, _user: CurrentUser) -> Response:
+    """Prometheus exposition (needs a token like every route that tells about jobs)."""
+    registry = request.app.state.telemetry.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/cluster", response_model=ClusterPublic)
+def cluster(request: Request, _user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
+    info = runtime.cluster()
+    db: Database = request.app.state.db
+    with db.session() as s:
+        counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+    return ClusterPublic(runtime=info.runtime, connected=info.connected, message=info.message,
+                         resources=info.resources, available=info.available,
+                         jobs={str(k): int(v) for k, v in counts.items()})

@@ -1,0 +1,117 @@
+"""What the API returns: one schema family per resource, never the ORM rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, field_serializer
+
+from service.models import Checkpoint, Job, JobEvent, JobMetric
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; every stored time is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+class _Times(BaseModel):
+    @field_serializer("*", when_used="json")
+    def _times(self, value: Any) -> Any:
+        return _utc(value).isoformat() if isinstance(value, datetime) else value  # type: ignore[union-attr]
+
+
+class JobPublic(_Times):
+    id: str
+    name: str
+    owner: str
+    state: str
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    step: int
+    steps: int
+    restarts: int
+    failure_reason: str | None
+    queue_reason: str | None
+    latest_metrics: dict[str, Any] | None
+    latest_checkpoint: str | None
+    version: int
+    spec: dict[str, Any]
+
+    @classmethod
+    def of(cls, job: Job) -> JobPublic:
+        return cls(
+            id=job.id, name=job.name, owner=job.owner.name, state=job.state,
+            priority=job.priority, created_at=job.created_at, started_at=job.started_at,
+            finished_at=job.finished_at, step=job.current_step,
+            steps=int(job.spec.get("train", {}).get("steps", 0)), restarts=job.restarts,
+            failure_reason=job.failure_reason, queue_reason=job.queue_reason,
+            latest_metrics=job.latest_metrics, latest_checkpoint=job.latest_checkpoint,
+            version=job.version, spec=job.spec,
+        )
+
+
+class JobsPublic(BaseModel):
+    jobs: list[JobPublic]
+    next_cursor: str | None
+
+
+class EventPublic(_Times):
+    id: int
+    time: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, e: JobEvent) -> EventPublic:
+        return cls(id=e.id, time=e.time, kind=e.kind, message=e.message, data=e.data)
+
+
+class EventsPublic(BaseModel):
+    events: list[EventPublic]
+
+
+class MetricsPublic(BaseModel):
+    # Each row: {"step": n, "loss": ..., "grad_norm": ..., ...}.
+    metrics: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, rows: list[JobMetric]) -> MetricsPublic:
+        return cls(metrics=[{**r.values, "step": r.step} for r in rows])
+
+
+class CheckpointPublic(_Times):
+    step: int
+    path: str
+    bytes: int
+    created_at: datetime
+    layout: str
+
+    @classmethod
+    def of(cls, c: Checkpoint) -> CheckpointPublic:
+        return cls(step=c.step, path=c.path, bytes=c.bytes, created_at=c.created_at,
+                   layout=c.layout)
+
+
+class CheckpointsPublic(BaseModel):
+    checkpoints: list[CheckpointPublic]
+
+
+class LogsPublic(BaseModel):
+    rank: int
+    lines: list[str]
+    ranks: list[int]
+
+
+class ClusterPublic(BaseModel):
+    runtime: str
+    connected: bool
+    message: str
+    resources: dict[str, float]
+    available: dict[str, float]
+    jobs: dict[str, int]

@@ -1,0 +1,57 @@
+"""Service settings: one pydantic-settings class, read from SHARDLINE_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_STATE_DIR = Path(".shardline")
+
+
+class Settings(BaseSettings):
+    """Everything the control plane needs; the defaults run embedded on one machine."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDLINE_", extra="ignore")
+
+    # Where the embedded defaults (SQLite file, storage, admin token) live.
+    state_dir: Path = DEFAULT_STATE_DIR
+    # SQLAlchemy URL; empty means a SQLite file in state_dir.
+    database_url: str = ""
+    # Ray cluster to use ("ray://..." or "host:port"); empty starts a local Ray instance.
+    ray_address: str = ""
+    # Logical CPUs of a local Ray instance, so several CPU ranks fit a small machine.
+    ray_num_cpus: Annotated[int, Field(ge=1)] = 8
+    # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
+    storage_root: Path | None = None
+    # A job's data.path must resolve inside one of these folders (comma-separated).
+    data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=lambda: [Path.cwd()])
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    # Requests with bodies above this are refused with 413.
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1 << 20
+    # The admin token is written here on first start, mode 0600, for the CLI.
+    admin_token_file: Path | None = None
+    # Page size limit of list routes.
+    max_page_size: Annotated[int, Field(ge=1, le=1000)] = 200
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [Path(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.state_dir / 'shardline.db').resolve()}"
+
+    @property
+    def resolved_storage_root(self) -> Path:
+        return (self.storage_root or self.state_dir / "storage").resolve()
+
+    @property
+    def resolved_admin_token_file(self) -> Path:
+        return self.admin_token_file or self.state_dir / "admin-token"

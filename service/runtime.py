@@ -1,0 +1,48 @@
+"""What the control plane asks of whatever runs jobs (the Ray runtime, or none)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workers.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    runtime: str
+    connected: bool
+    message: str
+    resources: dict[str, float] = field(default_factory=dict)
+    available: dict[str, float] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    def cluster(self) -> ClusterInfo: ...
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why this job can never run on the cluster, or None if it could."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class NoRuntime:
+    """No cluster attached: jobs are stored and stay QUEUED."""
+
+    def cluster(self) -> ClusterInfo:
+        return ClusterInfo(
+            runtime="none", connected=False,
+            message="no runtime is attached to this server: submitted jobs stay QUEUED",
+        )
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        return None
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None

@@ -1,0 +1,242 @@
+"""The job store: creating jobs idempotently and moving them between states safely.
+
+Every change of state goes through `JobStore.transition`, which checks the edge is legal
+and updates the row only if its version is still the one the caller read (compare-and-
+swap). Two writers racing on one job cannot both win: the loser gets `ConcurrentUpdate`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from service.db import Database
+from service.models import Checkpoint, Job, JobEvent, JobMetric, User, utcnow
+from service.states import ACTIVE, JobState, is_legal
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    """Base of the store's errors; `code` is what the API reports."""
+
+    code = "store_error"
+
+
+class JobNotFound(StoreError):
+    code = "not_found"
+
+
+class IdempotencyConflict(StoreError):
+    code = "idempotency_conflict"
+
+
+class IllegalTransition(StoreError):
+    code = "illegal_transition"
+
+
+class ConcurrentUpdate(StoreError):
+    code = "concurrent_update"
+
+
+def spec_hash(spec: JobSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+# Timestamps that a transition into a state sets.
+_STAMPS = {JobState.STARTING: "started_at", JobState.SUCCEEDED: "finished_at",
+           JobState.FAILED: "finished_at", JobState.CANCELLED: "finished_at"}
+
+
+class JobStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- creating and reading --------------------------------------------------------
+
+    def create(self, owner: User, spec: JobSpec, idempotency_key: str | None = None
+               ) -> tuple[Job, bool]:
+        """Insert a QUEUED job; returns (job, created). Same key + same spec: the same job."""
+        digest = spec_hash(spec)
+        if idempotency_key is not None:
+            existing = self._by_key(owner.id, idempotency_key)
+            if existing is not None:
+                return self._same_request(existing, digest), False
+        job = Job(id=new_job_id(), owner_id=owner.id, name=spec.name,
+                  spec=spec.model_dump(mode="json"), state=JobState.QUEUED, version=1,
+                  priority=spec.priority, idempotency_key=idempotency_key,
+                  request_hash=digest, created_at=utcnow())
+        with self.db.session() as s:
+            s.add(job)
+            s.add(_event(job.id, "submitted", f"submitted by {owner.name}",
+                         {"state": JobState.QUEUED.value}))
+            try:
+                s.commit()
+            except IntegrityError:
+                # Another request with the same key committed first: answer with its job.
+                s.rollback()
+                if idempotency_key is None:
+                    raise
+                existing = self._by_key(owner.id, idempotency_key)
+                if existing is None:
+                    raise
+                return self._same_request(existing, digest), False
+        log.info("job %s (%s) queued for %s", job.id, job.name, owner.name)
+        return self.get(job.id), True
+
+    def _by_key(self, owner_id: int, key: str) -> Job | None:
+        with self.db.session() as s:
+            return s.scalar(select(Job).where(Job.owner_id == owner_id,
+                                              Job.idempotency_key == key))
+
+    @staticmethod
+    def _same_request(job: Job, digest: str) -> Job:
+        if job.request_hash != digest:
+            raise IdempotencyConflict(
+                f"Idempotency-Key was already used for job {job.id} with a different spec; "
+                "use a new key for a new job"
+            )
+        return job
+
+    def get(self, job_id: str, viewer: User | None = None) -> Job:
+        """The job; a viewer who is neither its owner nor an admin gets JobNotFound."""
+        with self.db.session() as s:
+            job = s.get(Job, job_id)
+        if job is None or (viewer is not None and not viewer.is_admin
+                           and job.owner_id != viewer.id):
+            raise JobNotFound(f"no job {job_id}")
+        return job
+
+    def list_jobs(self, viewer: User, *, state: JobState | None = None, limit: int = 50,
+             cursor: str | None = None) -> Page:
+        """Newest first; `cursor` is the opaque `next_cursor` of the previous page."""
+        query = select(Job)
+        if not viewer.is_admin:
+            query = query.where(Job.owner_id == viewer.id)
+        if state is not None:
+            query = query.where(Job.state == state.value)
+        if cursor is not None:
+            created, job_id = decode_cursor(cursor)
+            query = query.where(or_(Job.created_at < created,
+                                    and_(Job.created_at == created, Job.id < job_id)))
+        query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+        with self.db.session() as s:
+            jobs = list(s.scalars(query))
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return Page(jobs, encode_cursor(jobs[-1]) if more else None)
+
+    def active_jobs(self) -> list[Job]:
+        with self.db.session() as s:
+            return list(s.scalars(select(Job).where(Job.state.in_([st.value for st in ACTIVE]))))
+
+    # -- changing state --------------------------------------------------------------
+
+    def transition(self, job_id: str, to: JobState, reason: str, *,
+                   expected_version: int | None = None, **fields: Any) -> Job:
+        """Move the job to `to`, recording `reason` as an event.
+
+        With `expected_version`, the move happens only if nobody changed the job since the
+        caller read it. Extra `fields` (e.g. failure_reason) are written in the same update.
+        """
+        with self.db.session() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise JobNotFound(f"no job {job_id}")
+            src = JobState(job.state)
+            version = job.version if expected_version is None else expected_version
+            if not is_legal(src, to):
+                raise IllegalTransition(f"job {job_id} is {src.value}; it cannot become "
+                                        f"{to.value}")
+            values: dict[str, Any] = {"state": to.value, "version": version + 1, **fields}
+            if to in _STAMPS:
+                values[_STAMPS[to]] = utcnow()
+            result = s.execute(update(Job).where(Job.id == job_id, Job.version == version,
+                                                 Job.state == src.value).values(**values))
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise ConcurrentUpdate(f"job {job_id} changed while moving it to {to.value}; "
+                                       "read it again and retry")
+            s.add(_event(job_id, "state", reason, {"from": src.value, "to": to.value}))
+            s.commit()
+        log.info("job %s: %s -> %s (%s)", job_id, src.value, to.value, reason)
+        return self.get(job_id)
+
+    def request_cancel(self, job_id: str, viewer: User, reason: str) -> Job:
+        """Ask a job to stop. A QUEUED job has nothing running and is cancelled at once."""
+        job = self.get(job_id, viewer)
+        state = JobState(job.state)
+        if state.terminal:
+            raise IllegalTransition(f"job {job_id} already ended ({state.value})")
+        if state == JobState.CANCELLING:
+            return job
+        job = self.transition(job_id, JobState.CANCELLING, reason,
+                              expected_version=job.version)
+        if state == JobState.QUEUED:
+            job = self.transition(job_id, JobState.CANCELLED, "cancelled before it started",
+                                  expected_version=job.version)
+        return job
+
+    # -- what a job produced ----------------------------------------------------------
+
+    def add_event(self, job_id: str, kind: str, message: str,
+                  data: dict[str, Any] | None = None) -> None:
+        with self.db.session() as s:
+            s.add(_event(job_id, kind, message, data))
+            s.commit()
+
+    def events(self, job_id: str, *, after_id: int = 0, limit: int = 200) -> list[JobEvent]:
+        with self.db.session() as s:
+            return list(s.scalars(select(JobEvent).where(JobEvent.job_id == job_id,
+                                                         JobEvent.id > after_id)
+                                  .order_by(JobEvent.id).limit(limit)))
+
+    def metrics(self, job_id: str, *, since_step: int = 0, limit: int = 1000
+                ) -> list[JobMetric]:
+        with self.db.session() as s:
+            return list(s.scalars(select(JobMetric).where(JobMetric.job_id == job_id,
+                                                          JobMetric.step > since_step)
+                                  .order_by(JobMetric.step).limit(limit)))
+
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        with self.db.session() as s:
+            return list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
+                                                           Checkpoint.committed.is_(True))
+                                  .order_by(Checkpoint.step)))
+
+
+def _event(job_id: str, kind: str, message: str, data: dict[str, Any] | None) -> JobEvent:
+    return JobEvent(job_id=job_id, kind=kind, message=message, data=data, time=utcnow())
+
+
+def encode_cursor(job: Job) -> str:
+    return f"{job.created_at.isoformat()}|{job.id}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, job_id = cursor.split("|", 1)
+        return datetime.fromisoformat(created), job_id
+    except ValueError as err:
+        raise ValueError("cursor: not a cursor returned by this API") from err
+
