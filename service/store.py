@@ -165,6 +165,9 @@ class JobStore:
                 raise JobNotFound(f"no job {job_id}")
             src = JobState(job.state)
             version = job.version if expected_version is None else expected_version
+            if job.version != version:
+                raise ConcurrentUpdate(f"job {job_id} changed since it was read (now "
+                                       f"{src.value}); read it again and retry")
             if not is_legal(src, to):
                 raise IllegalTransition(f"job {job_id} is {src.value}; it cannot become "
                                         f"{to.value}")

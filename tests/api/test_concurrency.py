@@ -1,0 +1,102 @@
+"""Jobs are never duplicated, and two writers racing on one job cannot both win."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from service.states import JobState
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from tests.api.conftest import Backend
+
+
+def test_50_concurrent_submits_with_one_key_create_one_job(backend: Backend) -> None:
+    _, token = backend.new_user()
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "same-key"}
+    body = {"name": "once", "train": {"steps": 3}}
+
+    async def submit_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=backend.server.url, timeout=60) as http:
+            return await asyncio.gather(*[http.post("/v1/jobs", json=body, headers=headers)
+                                          for _ in range(50)])
+
+    responses = asyncio.run(submit_all())
+    assert all(r.status_code in (200, 201) for r in responses), [r.text for r in responses]
+    assert sum(r.status_code == 201 for r in responses) == 1
+    assert len({r.json()["id"] for r in responses}) == 1
+    with backend.client(token) as c:
+        assert len(c.list()["jobs"]) == 1
+
+
+def test_same_key_with_another_body_is_a_conflict(backend: Backend) -> None:
+    _, token = backend.new_user()
+    with backend.client(token) as c:
+        first = c.submit({"name": "a"}, idempotency_key="k1")
+        assert c.submit({"name": "a"}, idempotency_key="k1")["id"] == first["id"]
+    response = httpx.post(f"{backend.server.url}/v1/jobs", json={"name": "b"},
+                          headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"})
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_conflict"
+    # Keys are per owner: another user may use the same key for their own job.
+    _, other = backend.new_user()
+    with backend.client(other) as c:
+        assert c.submit({"name": "b"}, idempotency_key="k1")["id"] != first["id"]
+
+
+def _race(store: JobStore, job_id: str, version: int) -> dict[str, Any]:
+    """Two threads move one job, from the same read, to two different states at once."""
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, Any] = {}
+
+    def move(to: JobState) -> None:
+        barrier.wait()
+        try:
+            outcomes[to.value] = store.transition(job_id, to, f"race to {to.value}",
+                                                  expected_version=version).state
+        except (ConcurrentUpdate, IllegalTransition) as err:
+            outcomes[to.value] = err
+
+    threads = [threading.Thread(target=move, args=(to,))
+               for to in (JobState.STARTING, JobState.CANCELLING)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_two_concurrent_conflicting_transitions_exactly_one_wins(backend: Backend) -> None:
+    store = JobStore(backend.db)
+    user = backend.users.ensure_user(backend.new_user()[0])
+    for _ in range(5):
+        job, _ = store.create(user, _spec())
+        outcomes = _race(store, job.id, job.version)
+        winners = [v for v in outcomes.values() if isinstance(v, str)]
+        losers = [v for v in outcomes.values() if isinstance(v, Exception)]
+        assert len(winners) == 1 and len(losers) == 1, outcomes
+        assert isinstance(losers[0], ConcurrentUpdate)
+        final = store.get(job.id)
+        assert final.state == winners[0] and final.version == job.version + 1
+        state_events = [e for e in store.events(job.id) if e.kind == "state"]
+        assert len(state_events) == 1
+
+
+def test_illegal_edges_are_refused(backend: Backend) -> None:
+    store = JobStore(backend.db)
+    user = backend.users.ensure_user(backend.new_user()[0])
+    job, _ = store.create(user, _spec())
+    with pytest.raises(IllegalTransition, match="QUEUED; it cannot become SUCCEEDED"):
+        store.transition(job.id, JobState.SUCCEEDED, "skip ahead")
+    with pytest.raises(ConcurrentUpdate):
+        store.transition(job.id, JobState.STARTING, "stale", expected_version=job.version - 1)
+    assert store.get(job.id).state == "QUEUED"
+
+
+def _spec() -> Any:
+    from workers.spec import JobSpec
+
+    return JobSpec.model_validate({"name": "race"})

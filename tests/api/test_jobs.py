@@ -1,0 +1,90 @@
+"""Submit, list, get and cancel through the SDK against the real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from api.client import Client, Conflict, NotFound
+from tests.api.conftest import Backend
+
+SPEC: dict[str, Any] = {"name": "api-job", "train": {"steps": 7}}
+
+
+def test_submitted_job_is_queued_and_readable(user_client: Callable[..., Client]) -> None:
+    c = user_client()
+    job = c.submit(SPEC)
+    assert job["state"] == "QUEUED" and job["steps"] == 7 and job["step"] == 0
+    assert job["name"] == "api-job" and job["owner"].startswith("user-")
+    assert job["spec"]["train"]["steps"] == 7
+    assert job["spec"]["model"]["preset"] == "tiny"  # defaults are filled in and stored
+    again = c.get(job["id"])
+    assert again["id"] == job["id"] and again["created_at"] == job["created_at"]
+    assert again["created_at"].endswith("+00:00")
+    events = c.events(job["id"])
+    assert [e["kind"] for e in events] == ["submitted"]
+    assert c.metrics(job["id"]) == [] and c.checkpoints(job["id"]) == []
+    assert c.logs(job["id"]) == []
+
+
+def test_list_filters_by_state_and_pages_with_a_cursor(user_client: Callable[..., Client]
+                                                       ) -> None:
+    c = user_client()
+    ids = [c.submit({**SPEC, "name": f"page-{i}"})["id"] for i in range(5)]
+    c.cancel(ids[0])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = c.list(limit=2, cursor=cursor)
+        assert len(page["jobs"]) <= 2
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))  # newest first, each exactly once
+    assert [j["id"] for j in c.list(state="CANCELLED")["jobs"]] == [ids[0]]
+    assert {j["id"] for j in c.list(state="QUEUED")["jobs"]} == set(ids[1:])
+
+
+def test_cancel_a_queued_job_ends_it_with_events(user_client: Callable[..., Client]) -> None:
+    c = user_client()
+    job = c.submit(SPEC)
+    cancelled = c.cancel(job["id"])
+    assert cancelled["state"] == "CANCELLED" and cancelled["finished_at"] is not None
+    moves = [(e["data"]["from"], e["data"]["to"]) for e in c.events(job["id"])
+             if e["kind"] == "state"]
+    assert moves == [("QUEUED", "CANCELLING"), ("CANCELLING", "CANCELLED")]
+    with pytest.raises(Conflict) as err:
+        c.cancel(job["id"])
+    assert err.value.code == "illegal_transition"
+
+
+def test_unknown_job_is_404_with_the_error_shape(user_client: Callable[..., Client]) -> None:
+    with pytest.raises(NotFound) as err:
+        user_client().get("does-not-exist")
+    assert err.value.code == "not_found" and err.value.status == 404
+
+
+def test_cluster_says_jobs_stay_queued_without_a_runtime(
+        user_client: Callable[..., Client]) -> None:
+    info = user_client().cluster()
+    assert info["connected"] is False and "stay QUEUED" in info["message"]
+
+
+def test_health_readiness_and_prometheus(backend: Backend, user_client: Callable[..., Client]
+                                         ) -> None:
+    import httpx
+
+    url = backend.server.url
+    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{url}/readyz").json() == {"status": "ready"}
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    c = user_client()
+    c.submit(SPEC)
+    _, token = backend.new_user()
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}).text
+    assert 'shardline_jobs{state="QUEUED"}' in text
+    assert "shardline_http_requests_total" in text
+    assert httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/jobs"]["post"]

@@ -1,0 +1,94 @@
+"""Bad requests get a 4xx with the error shape, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.api.conftest import Backend
+
+BAD_BODIES: list[tuple[str, bytes, str]] = [
+    ("not json", b"{name: x", "invalid_json"),
+    ("not utf-8", b'{"name": "\xff\xfe"}', "invalid_body"),
+    ("a list", b'[{"name": "x"}]', "validation_error"),
+    ("missing name", b"{}", "validation_error"),
+    ("wrong type", json.dumps({"name": "x", "train": {"steps": "many"}}).encode(),
+     "validation_error"),
+    ("negative size", json.dumps({"name": "x", "model": {"dim": -64}}).encode(),
+     "validation_error"),
+    ("unknown field", json.dumps({"name": "x", "optimizer": "sgd"}).encode(),
+     "validation_error"),
+    ("inconsistent layout", json.dumps({"name": "x", "parallel": {"dp": 3}}).encode(),
+     "validation_error"),
+    ("huge number", json.dumps({"name": "x", "train": {"steps": 10**30}}).encode(),
+     "validation_error"),
+    ("infinite float", b'{"name": "x", "train": {"lr": 1e999}}', "validation_error"),
+    ("null section", json.dumps({"name": "x", "model": None}).encode(), "validation_error"),
+    ("bad enum", json.dumps({"name": "x", "precision": "fp64"}).encode(), "validation_error"),
+    ("data outside roots", json.dumps({"name": "x", "data": {"source": "text",
+                                                             "path": "/etc"}}).encode(),
+     "validation_error"),
+]
+
+
+@pytest.mark.parametrize(("label", "body", "code"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_malformed_spec_is_a_4xx_with_the_error_shape(backend: Backend, label: str,
+                                                      body: bytes, code: str) -> None:
+    _, token = backend.new_user()
+    response = httpx.post(f"{backend.server.url}/v1/jobs", content=body,
+                          headers={"Authorization": f"Bearer {token}",
+                                   "Content-Type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"]
+    assert set(error) == {"code", "message", "details"}
+
+
+def test_validation_errors_name_the_field(backend: Backend) -> None:
+    _, token = backend.new_user()
+    response = httpx.post(f"{backend.server.url}/v1/jobs",
+                          json={"name": "x", "model": {"n_layers": 5}, "parallel": {"pp": 2},
+                                "train": {"global_batch_size": 4}},
+                          headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert "model.n_layers=5 is not divisible by parallel.pp=2" in error["message"]
+    typed = httpx.post(f"{backend.server.url}/v1/jobs", json={"name": "x", "train": {"lr": "x"}},
+                       headers={"Authorization": f"Bearer {token}"}).json()["error"]
+    assert typed["details"][0]["field"] == "train.lr"
+
+
+def test_oversized_body_is_413(backend: Backend) -> None:
+    _, token = backend.new_user()
+    huge = b'{"name": "' + b"x" * (backend.server.settings.max_body_bytes + 1) + b'"}'
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    response = httpx.post(f"{backend.server.url}/v1/jobs", content=huge, headers=headers)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+    def chunks() -> object:
+        for _ in range(100):
+            yield b"x" * 1024
+
+    streamed = httpx.post(f"{backend.server.url}/v1/jobs", content=chunks(),  # type: ignore[arg-type]
+                          headers=headers)
+    assert streamed.status_code == 413
+
+
+@pytest.mark.parametrize("query", ["state=BOGUS", "limit=0", "cursor=nonsense", "limit=x"])
+def test_bad_query_parameters_are_422(backend: Backend, query: str) -> None:
+    _, token = backend.new_user()
+    response = httpx.get(f"{backend.server.url}/v1/jobs?{query}",
+                         headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "validation_error"
+
+
+def test_unknown_route_and_method_use_the_error_shape(backend: Backend) -> None:
+    missing = httpx.get(f"{backend.server.url}/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.delete(f"{backend.server.url}/healthz")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "method_not_allowed"

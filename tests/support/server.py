@@ -1,0 +1,51 @@
+"""The real API server (uvicorn on a free port) in a background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from api.app import create_app
+from service.config import Settings
+from service.runtime import Runtime
+from workers.engine.distributed import free_port
+
+
+@dataclass
+class RunningServer:
+    url: str
+    settings: Settings
+    app: object
+
+
+@contextmanager
+def run_server(settings: Settings, runtime: Runtime | None = None) -> Iterator[RunningServer]:
+    port = free_port()
+    settings = settings.model_copy(update={"port": port})
+    app = create_app(settings, runtime)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    try:
+        yield RunningServer(url, settings, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
