@@ -94,6 +94,9 @@ class Job(Base):
     current_step: Mapped[int] = mapped_column(Integer, default=0)
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     latest_checkpoint: Mapped[str | None] = mapped_column(Text, default=None)
+    # The last entry of the supervisor's progress buffer written here; the reconciler
+    # resumes after it, so a control-plane restart neither repeats nor skips an entry.
+    reconciled_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     # Always loaded with the job: every response names its owner.
     owner: Mapped[User] = relationship(lazy="selectin")

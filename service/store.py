@@ -200,7 +200,50 @@ class JobStore:
                                   expected_version=job.version)
         return job
 
+    def set_queue_reason(self, job_id: str, reason: str | None) -> None:
+        """Why a QUEUED job waits; not a change of state, so no version bump."""
+        with self.db.session() as s:
+            s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.QUEUED.value)
+                      .values(queue_reason=reason))
+            s.commit()
+
     # -- what a job produced ----------------------------------------------------------
+
+    def record_progress(self, job_id: str, entries: list[dict[str, Any]], *,
+                        after_seq: int) -> int:
+        """Write a supervisor's metrics, events and checkpoints in one transaction.
+
+        Applies only if the job's `reconciled_seq` is still `after_seq` (so two readers
+        cannot both write the same entries); returns the new `reconciled_seq`.
+        """
+        if not entries:
+            return after_seq
+        last_seq = entries[-1]["seq"]
+        with self.db.session() as s:
+            steps = [e["step"] for e in entries if e["kind"] == "metrics"]
+            have = set(s.scalars(select(JobMetric.step).where(
+                JobMetric.job_id == job_id, JobMetric.step.in_(steps)))) if steps else set()
+            latest: dict[str, Any] | None = None
+            for e in entries:
+                if e["kind"] == "metrics" and e["step"] not in have:
+                    s.add(JobMetric(job_id=job_id, step=e["step"], values=e["values"]))
+                    have.add(e["step"])
+                    latest = e["values"]
+                elif e["kind"] == "event":
+                    s.add(_event(job_id, "event", e["message"], e.get("data")))
+                elif e["kind"] == "summary":
+                    s.add(_event(job_id, "summary", "training summary", e.get("summary")))
+            values: dict[str, Any] = {"reconciled_seq": last_seq}
+            if latest is not None:
+                values.update(latest_metrics=latest, current_step=latest["step"])
+            result = s.execute(update(Job).where(Job.id == job_id,
+                                                 Job.reconciled_seq == after_seq).values(**values))
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise ConcurrentUpdate(f"job {job_id}: progress after {after_seq} was already "
+                                       "recorded")
+            s.commit()
+        return int(last_seq)
 
     def add_event(self, job_id: str, kind: str, message: str,
                   data: dict[str, Any] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`shardline serve`: migrate the database, make sure an admin exists, serve the API."""
+"""`shardline serve`: migrate the database, make sure an admin exists, attach to Ray, serve."""
 
 from __future__ import annotations
 
@@ -16,13 +16,20 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (SHARDLINE_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (SHARDLINE_PORT).")] = None,
 ) -> None:
-    """Run the control plane on this machine's embedded defaults or SHARDLINE_* settings."""
+    """Run the control plane on this machine's embedded defaults or SHARDLINE_* settings.
+
+    Without SHARDLINE_RAY_ADDRESS it starts a local Ray head (logical CPUs:
+    SHARDLINE_RAY_NUM_CPUS) that outlives restarts of this command while jobs run.
+    """
     import uvicorn
 
     from api.app import create_app
     from service.config import Settings
     from service.db import Database
+    from service.local_ray import LocalRay, start_local_ray
     from service.migrate import upgrade_to_head
+    from service.ray_runtime import RayRuntime
+    from service.store import JobStore
     from service.users import UserDirectory, bootstrap_admin
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -30,15 +37,28 @@ def serve(
     url = settings.resolved_database_url
     upgrade_to_head(url)
     db = Database(url)
-    try:
-        token = bootstrap_admin(UserDirectory(db), settings.resolved_admin_token_file)
-    finally:
-        db.dispose()
+    token = bootstrap_admin(UserDirectory(db), settings.resolved_admin_token_file)
     if token is not None:
         console.print(f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
                       f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
                       "the CLI finds it)")
-    console.print(f"Shardline API on http://{settings.host}:{settings.port} "
-                  f"(docs at /docs)", soft_wrap=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="warning")
+    local: LocalRay | None = None
+    address = settings.ray_address
+    if not address:
+        local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
+        address = local.address
+    store = JobStore(db)
+    runtime = RayRuntime(settings, store, address)
+    console.print(f"Shardline API on http://{settings.host}:{settings.port} (docs at /docs); "
+                  f"Ray at {address}", soft_wrap=True)
+    try:
+        uvicorn.run(create_app(settings, runtime), host=settings.host, port=settings.port,
+                    log_level="warning")
+    finally:
+        active = [j for j in store.active_jobs() if j.state != "QUEUED"]
+        if local is not None and not active:
+            local.stop()
+        elif local is not None:
+            console.print(f"Leaving the local Ray head running for {len(active)} active "
+                          "job(s); `shardline serve` re-attaches to it.")
+        db.dispose()

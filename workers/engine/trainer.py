@@ -47,11 +47,13 @@ class Trainer:
         world_size: int,
         device: torch.device,
         on_metrics: MetricsSink | None = None,
+        on_step: Callable[[int], None] | None = None,
         grad_hook: GradHook | None = None,
     ) -> None:
         self.spec = spec
         self.device = device
         self.on_metrics = on_metrics
+        self.on_step = on_step
         self.grad_hook = grad_hook
         self.dims = ParallelDims.from_spec(spec.parallel, world_size)
         if self.dims.tp > 1 or self.dims.pp > 1:
@@ -207,6 +209,8 @@ class Trainer:
             last = metrics
             if self._should_log(self.step) and self.on_metrics is not None:
                 self.on_metrics(metrics)
+            if self.on_step is not None:
+                self.on_step(self.step)
         return self._summary(last, step_times)
 
     def _summary(self, last: dict[str, Any], step_times: list[float]) -> dict[str, Any]:

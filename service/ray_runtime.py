@@ -1,0 +1,123 @@
+"""The Ray runtime: the control plane's connection to the cluster, its scheduler and
+reconciler loops, and the supervisors they start, read and remove."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from service.config import Settings
+from service.models import Job
+from service.reconciler import Reconciler
+from service.runtime import ClusterInfo
+from service.scheduler import RESOURCE_NAMES, Scheduler, describe, job_demand
+from service.store import JobStore
+from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
+from workers.spec import JobSpec
+from workers.worker_group import bundle_resources
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 10.0
+
+
+class RaySupervisors:
+    """Finding, starting, reading and removing supervisors by their actor names."""
+
+    def __init__(self, storage_root: str) -> None:
+        self.storage_root = storage_root
+
+    def _handle(self, job_id: str) -> Any | None:
+        try:
+            return ray.get_actor(supervisor_name(job_id), namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+    def exists(self, job_id: str) -> bool:
+        return self._handle(job_id) is not None
+
+    def launch(self, job: Job) -> None:
+        """Create the job's detached supervisor (or reuse it) and start its loop."""
+        handle: Any = self._handle(job.id)
+        if handle is None:
+            spec_json = JobSpec.model_validate(job.spec).model_dump_json()
+            handle = SupervisorActor.options(
+                name=supervisor_name(job.id), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True,
+            ).remote(job.id, spec_json, self.storage_root)
+        ray.get(handle.start.remote(), timeout=60)
+
+    def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None:
+        handle = self._handle(job_id)
+        if handle is None:
+            return None
+        try:
+            return ray.get(handle.read.remote(after_seq), timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
+            log.warning("job %s: supervisor did not answer (%s)", job_id, type(err).__name__)
+            return None
+
+    def cancel(self, job_id: str) -> None:
+        handle = self._handle(job_id)
+        if handle is not None:
+            handle.cancel.remote()
+
+    def remove(self, job_id: str) -> None:
+        """Kill the supervisor (its workers and placement group are already gone)."""
+        handle = self._handle(job_id)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+            log.info("job %s: supervisor removed", job_id)
+
+
+class RayRuntime:
+    def __init__(self, settings: Settings, store: JobStore, address: str) -> None:
+        self.settings = settings
+        self.store = store
+        self.address = address
+        self.supervisors = RaySupervisors(str(settings.resolved_storage_root))
+        self.scheduler = Scheduler(store, cluster_total=self._total, launch=self._launch,
+                                   discard=self.supervisors.remove)
+        self.reconciler = Reconciler(store, self.supervisors)
+
+    def start(self) -> None:
+        if not ray.is_initialized():
+            ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        log.info("connected to Ray at %s: %s", self.address, self._total())
+        self.reconciler.start()
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        self.reconciler.stop()
+        # Supervisors are detached: they keep training while the control plane is away.
+        ray.shutdown()
+
+    def _launch(self, job: Job) -> None:
+        self.supervisors.launch(job)
+
+    def _total(self) -> dict[str, float]:
+        res = ray.cluster_resources()
+        return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES}
+
+    def cluster(self) -> ClusterInfo:
+        available = ray.available_resources()
+        return ClusterInfo(runtime="ray", connected=True, message=f"Ray at {self.address}",
+                           resources=self._total(),
+                           available={k: float(available.get(k, 0.0)) for k in RESOURCE_NAMES})
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        demand, total = job_demand(spec), self._total()
+        if any(demand[k] > total.get(k, 0.0) + 1e-9 for k in RESOURCE_NAMES):
+            return (f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "
+                    f"{describe(bundle_resources(spec))}) but the whole cluster has "
+                    f"{describe(total)}; use fewer ranks or smaller resources")
+        bundle = bundle_resources(spec)
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        if not any(all(bundle.get(k, 0) <= n.get(k, 0) for k in bundle) for n in nodes):
+            return (f"one rank needs {describe(bundle)} but no node has that much; lower "
+                    "resources.cpus_per_worker or resources.gpus_per_worker")
+        return None

@@ -1,0 +1,124 @@
+"""Bringing the database up to date with what the supervisors know.
+
+For every active job the reconciler reads the supervisor's buffer after the job's
+`reconciled_seq` and writes it down: metrics, events and summaries in one transaction,
+each state change through the store's transition function. The sequence number is
+advanced in the same transaction as what it covers, so a control plane that stops at any
+point and starts again neither repeats nor skips an entry. It also carries cancels to the
+supervisors and removes a supervisor once its job's end is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Protocol
+
+from service.models import Job
+from service.states import JobState
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+
+log = logging.getLogger(__name__)
+
+
+class Supervisors(Protocol):
+    """How the reconciler reaches supervisors (Ray in production)."""
+
+    def exists(self, job_id: str) -> bool: ...
+    def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None: ...
+    def cancel(self, job_id: str) -> None: ...
+    def remove(self, job_id: str) -> None: ...
+
+
+class Reconciler:
+    def __init__(self, store: JobStore, supervisors: Supervisors,
+                 interval_s: float = 0.5) -> None:
+        self.store = store
+        self.supervisors = supervisors
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("reconciler tick failed; retrying")
+
+    def tick(self) -> None:
+        for job in self.store.active_jobs():
+            if job.state == JobState.QUEUED:
+                continue
+            try:
+                self.reconcile(job)
+            except ConcurrentUpdate as err:
+                log.info("job %s changed while reconciling (%s); next tick", job.id, err)
+
+    def reconcile(self, job: Job) -> None:
+        if not self.supervisors.exists(job.id):
+            self._supervisor_gone(job)
+            return
+        if job.state == JobState.CANCELLING:
+            self.supervisors.cancel(job.id)
+        snapshot = self.supervisors.read(job.id, job.reconciled_seq)
+        if snapshot is None:  # no answer in time: try again next tick
+            return
+        self._apply(job, snapshot["entries"])
+        job = self.store.get(job.id)
+        ended = JobState(snapshot["state"]) in (JobState.SUCCEEDED, JobState.FAILED,
+                                                 JobState.CANCELLED)
+        if ended and job.reconciled_seq >= snapshot["last_seq"] and \
+                not JobState(job.state).terminal:
+            # The supervisor ended in a way the job's state does not allow (it finished
+            # just as a cancel arrived): the cancel wins.
+            self.store.transition(job.id, JobState.CANCELLED,
+                                  f"supervisor ended {snapshot['state']} while cancelling")
+            job = self.store.get(job.id)
+        if JobState(job.state).terminal:
+            self.supervisors.remove(job.id)
+
+    def _apply(self, job: Job, entries: list[dict[str, Any]]) -> None:
+        seq = job.reconciled_seq
+        batch: list[dict[str, Any]] = []
+        for entry in entries:
+            if entry["kind"] != "state":
+                batch.append(entry)
+                continue
+            seq = self.store.record_progress(job.id, batch, after_seq=seq)
+            batch = []
+            seq = self._apply_state(job.id, entry, seq)
+        self.store.record_progress(job.id, batch, after_seq=seq)
+
+    def _apply_state(self, job_id: str, entry: dict[str, Any], seq: int) -> int:
+        target = JobState(entry["state"])
+        job = self.store.get(job_id)
+        fields: dict[str, Any] = {"reconciled_seq": entry["seq"]}
+        if target == JobState.RESTARTING:
+            fields["restarts"] = job.restarts + 1
+        if target == JobState.FAILED:
+            fields["failure_reason"] = entry["reason"]
+        try:
+            self.store.transition(job_id, target, entry["reason"],
+                                  expected_version=job.version, **fields)
+        except IllegalTransition:
+            # e.g. RUNNING reported after the user asked to cancel: nothing to record.
+            self.store.record_progress(job_id, [{"kind": "skipped_state", "seq": entry["seq"]}],
+                                       after_seq=seq)
+        return int(entry["seq"])
+
+    def _supervisor_gone(self, job: Job) -> None:
+        if job.state == JobState.CANCELLING:
+            self.store.transition(job.id, JobState.CANCELLED, "no supervisor was running",
+                                  expected_version=job.version)
+            return
+        self.store.transition(job.id, JobState.FAILED, "the job's supervisor actor is gone",
+                              expected_version=job.version,
+                              failure_reason="the job's supervisor actor is gone")

@@ -1,0 +1,147 @@
+"""Admitting QUEUED jobs to the cluster: by priority, then age, when their bundles fit.
+
+Policy (also in the README): jobs are considered in (priority desc, created asc) order.
+A job that does not fit now does not block smaller jobs behind it (backfill), so a big job
+at the head cannot hold the cluster idle. To keep backfill from starving that big job, once
+the head has waited `reserve_after_s`, nothing behind it is admitted until it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from service.models import Job
+from service.states import JobState
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+RESOURCE_NAMES = ("CPU", "GPU")
+
+
+def job_demand(spec: JobSpec) -> dict[str, float]:
+    """Total resources of a job's placement group."""
+    ranks = spec.parallel.world_size
+    return {"CPU": spec.resources.cpus_per_worker * ranks,
+            "GPU": spec.resources.gpus_per_worker * ranks}
+
+
+def describe(resources: dict[str, float]) -> str:
+    return ", ".join(f"{resources.get(k, 0):g} {k}" for k in RESOURCE_NAMES
+                     if resources.get(k, 0) or k == "CPU")
+
+
+def fits(demand: dict[str, float], free: dict[str, float]) -> bool:
+    return all(demand.get(k, 0) <= free.get(k, 0) + 1e-9 for k in RESOURCE_NAMES)
+
+
+@dataclass(frozen=True)
+class Queued:
+    job_id: str
+    demand: dict[str, float]
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    admit: list[str]
+    waiting: dict[str, str]  # job id -> why it still waits
+
+
+def plan_admissions(queue: list[Queued], free: dict[str, float], total: dict[str, float],
+                    reserve_after_s: float) -> Plan:
+    """Which of `queue` (already in priority, age order) to start now, and why not the rest."""
+    free = dict(free)
+    admit: list[str] = []
+    waiting: dict[str, str] = {}
+    blocked_by: Queued | None = None
+    for job in queue:
+        if blocked_by is not None:
+            waiting[job.job_id] = (f"held behind job {blocked_by.job_id}, which has waited "
+                                   f"{blocked_by.waited_s:.0f}s for resources")
+            continue
+        if fits(job.demand, free):
+            admit.append(job.job_id)
+            for k in RESOURCE_NAMES:
+                free[k] = free.get(k, 0) - job.demand.get(k, 0)
+            continue
+        waiting[job.job_id] = (f"waiting for resources: needs {describe(job.demand)}; "
+                               f"{describe(free)} free of {describe(total)}")
+        if job.waited_s >= reserve_after_s:
+            blocked_by = job
+    return Plan(admit, waiting)
+
+
+class Scheduler:
+    """A loop in the control plane: plan, then start each admitted job's supervisor."""
+
+    def __init__(self, store: JobStore, *, cluster_total: Callable[[], dict[str, float]],
+                 launch: Callable[[Job], None], discard: Callable[[str], None],
+                 interval_s: float = 1.0,
+                 reserve_after_s: float = 300.0) -> None:
+        self.store = store
+        self.cluster_total = cluster_total
+        self.launch = launch
+        self.discard = discard
+        self.interval_s = interval_s
+        self.reserve_after_s = reserve_after_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("scheduler tick failed; retrying")
+
+    def tick(self) -> None:
+        active = self.store.active_jobs()
+        queued = sorted((j for j in active if j.state == JobState.QUEUED),
+                        key=lambda j: (-j.priority, _utc(j.created_at)))
+        if not queued:
+            return
+        total = self.cluster_total()
+        used = {k: 0.0 for k in RESOURCE_NAMES}
+        for j in active:
+            if j.state != JobState.QUEUED:
+                for k, v in job_demand(JobSpec.model_validate(j.spec)).items():
+                    used[k] += v
+        free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
+        now = datetime.now(UTC)
+        plan = plan_admissions(
+            [Queued(j.id, job_demand(JobSpec.model_validate(j.spec)),
+                    (now - _utc(j.created_at)).total_seconds()) for j in queued],
+            free, total, self.reserve_after_s)
+        by_id = {j.id: j for j in queued}
+        for job_id in plan.admit:
+            self._admit(by_id[job_id])
+        for job_id, reason in plan.waiting.items():
+            if by_id[job_id].queue_reason != reason:
+                self.store.set_queue_reason(job_id, reason)
+
+    def _admit(self, job: Job) -> None:
+        self.launch(job)  # idempotent: reuses a supervisor that already exists
+        try:
+            self.store.transition(job.id, JobState.STARTING, "admitted by the scheduler",
+                                  expected_version=job.version, queue_reason=None)
+        except (ConcurrentUpdate, IllegalTransition) as err:
+            # Cancelled meanwhile: nothing will read this supervisor, so remove it now.
+            log.info("job %s not started: %s", job.id, err)
+            self.discard(job.id)
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -1,0 +1,139 @@
+"""One rank of a job: joins the world, trains in a thread, answers polls at once.
+
+A plain class; `workers/actors.py` makes it a Ray actor. Training runs in a background
+thread so `poll()` and `stop()` are served immediately even mid-step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStatus:
+    """What a poll returns: plain data, cheap to send."""
+
+    rank: int
+    phase: str  # joining | training | done | stopped | failed
+    step: int
+    loss: float | None
+    last_progress: float  # wall-clock time of the last completed step (or of the start)
+    error: str | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # rank 0 only
+    summary: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TrainingWorker:
+    def __init__(self, job_id: str, rank: int, world_size: int, spec_json: str,
+                 log_dir: str, cpus: float = 1.0) -> None:
+        self.job_id, self.rank, self.world_size = job_id, rank, world_size
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self._log_handler = _log_to_file(Path(log_dir) / f"rank-{rank}.log")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._phase = "idle"
+        self._step = 0
+        self._loss: float | None = None
+        self._last_progress = time.time()
+        self._error: str | None = None
+        self._unsent: list[dict[str, Any]] = []
+        self._summary: dict[str, Any] | None = None
+        self._thread: threading.Thread | None = None
+        import torch
+
+        # Ranks share a node's cores: without this each would start one thread per core.
+        torch.set_num_threads(max(1, int(cpus)))
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Called on rank 0: this node's address and a free port for the process group."""
+        import ray
+
+        from workers.engine.distributed import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def start(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
+        """Join the world and train, in the background; returns at once."""
+        if self._thread is not None:
+            raise RuntimeError("worker already started")
+        self._phase = "joining"
+        self._thread = threading.Thread(
+            target=self._run, args=(master_addr, master_port, join_timeout_s),
+            name=f"train-rank-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
+        from workers.engine.distributed import init_world, leave_world, pick_device
+        from workers.engine.trainer import Trainer
+
+        try:
+            device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
+            init_world(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
+                       master_port=master_port, device=device, timeout_s=join_timeout_s)
+            trainer = Trainer(self.spec, world_size=self.world_size, device=device,
+                              on_metrics=self._on_metrics, on_step=self._on_step)
+            self._phase = "training"
+            self._last_progress = time.time()
+            summary = trainer.train(should_stop=self._should_stop)
+            with self._lock:
+                self._summary = summary
+                self._step = trainer.step
+                self._phase = "stopped" if self._stop.is_set() else "done"
+            log.info("rank %d finished: %s", self.rank, summary)
+            leave_world()
+        except BaseException as err:  # reported through poll(), never lost in a thread
+            with self._lock:
+                self._error = f"{type(err).__name__}: {err}"
+                self._phase = "failed"
+            log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
+
+    def _should_stop(self) -> bool:
+        return self._stop.is_set()
+
+    def _on_step(self, step: int) -> None:
+        with self._lock:
+            self._step = step
+            self._last_progress = time.time()
+
+    def _on_metrics(self, metrics: dict[str, Any]) -> None:
+        with self._lock:
+            self._loss = metrics["loss"]
+            if self.rank == 0:
+                self._unsent.append(metrics)
+        log.info("step %d loss %.4f", metrics["step"], metrics["loss"])
+
+    def poll(self) -> dict[str, Any]:
+        """Status now, plus (rank 0) the metrics logged since the previous poll."""
+        with self._lock:
+            status = WorkerStatus(self.rank, self._phase, self._step, self._loss,
+                                  self._last_progress, self._error, self._unsent,
+                                  self._summary)
+            self._unsent = []
+        return status.as_dict()
+
+    def stop(self) -> None:
+        """Finish the current step, then stop."""
+        self._stop.set()
+
+
+def _log_to_file(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
