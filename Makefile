@@ -25,7 +25,7 @@ lint: setup
 	$(BIN)/mypy api service workers bench tests
 
 demo: setup
-	OMP_NUM_THREADS=1 $(BIN)/shardline train examples/tiny.yaml --nproc 4
+	OMP_NUM_THREADS=1 $(BIN)/shardline demo examples/demo.yaml
 
 clean:
 	rm -rf $(VENV) .shardline .pytest_cache .mypy_cache .ruff_cache

@@ -35,8 +35,12 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             the_runtime.stop()
             db.dispose()
 
-    app = FastAPI(title="Shardline", version="0.1.0", lifespan=lifespan,
-                  description="Train large language models on your own cluster.")
+    app = FastAPI(
+        title="Shardline",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Train large language models on your own cluster.",
+    )
     app.state.settings = settings
     app.state.db = db
     app.state.store = JobStore(db)

@@ -8,13 +8,17 @@ import sys
 
 import typer
 
-from api.commands import jobs, serve, train
+from api.commands import demo, jobs, serve, train
 from api.commands.tokens import tokens_app
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Shardline: train large language models on your own cluster.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Shardline: train large language models on your own cluster.",
+)
 app.command()(train.train)
 app.command()(serve.serve)
+app.command()(demo.demo)
 app.command()(jobs.submit)
 app.command()(jobs.jobs)
 app.command()(jobs.status)
@@ -25,8 +29,11 @@ app.add_typer(tokens_app, name="token")
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("SHARDLINE_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("SHARDLINE_LOG_LEVEL", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     app()
 
 

@@ -1,9 +1,9 @@
 """The Python SDK: a thin, typed client of the REST API on httpx.
 
-    from api.client import Client
-    client = Client("http://127.0.0.1:8000", token)
-    job = client.submit("examples/tiny.yaml")
-    client.wait(job["id"], timeout=600)
+from api.client import Client
+client = Client("http://127.0.0.1:8000", token)
+job = client.submit("examples/tiny.yaml")
+client.wait(job["id"], timeout=600)
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ class WaitTimeout(TimeoutError):
     pass
 
 
-_BY_STATUS: dict[int, type[ShardlineError]] = {401: Unauthorized, 404: NotFound, 409: Conflict,
-                                               400: InvalidRequest, 413: InvalidRequest,
-                                               422: InvalidRequest}
+_BY_STATUS: dict[int, type[ShardlineError]] = {
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    400: InvalidRequest,
+    413: InvalidRequest,
+    422: InvalidRequest,
+}
 
 
 def _spec_body(spec: JobSpec | dict[str, Any] | str | Path) -> dict[str, Any]:
@@ -62,11 +67,20 @@ def _spec_body(spec: JobSpec | dict[str, Any] | str | Path) -> dict[str, Any]:
 
 
 class Client:
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
-                                  headers={"Authorization": f"Bearer {token}"},
-                                  transport=transport)
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -89,8 +103,9 @@ class Client:
         cls = _BY_STATUS.get(response.status_code, ShardlineError)
         raise cls(response.status_code, code, message, details)
 
-    def submit(self, spec: JobSpec | dict[str, Any] | str | Path,
-               idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(
+        self, spec: JobSpec | dict[str, Any] | str | Path, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
         """Queue a job from a JobSpec, a dict, or a YAML/JSON file path."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._call("POST", "/v1/jobs", json=_spec_body(spec), headers=headers)
@@ -98,30 +113,34 @@ class Client:
     def get(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")
 
-    def list(self, state: str | None = None, limit: int = 50,
-             cursor: str | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in {"state": state, "limit": limit, "cursor": cursor}.items()
-                  if v is not None}
+    def list(
+        self, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> dict[str, Any]:
+        params = {
+            k: v
+            for k, v in {"state": state, "limit": limit, "cursor": cursor}.items()
+            if v is not None
+        }
         return self._call("GET", "/v1/jobs", params=params)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
     def events(self, job_id: str, after: int = 0) -> builtins.list[dict[str, Any]]:
-        return self._call("GET", f"/v1/jobs/{job_id}/events",
-                          params={"after": after})["events"]
+        return self._call("GET", f"/v1/jobs/{job_id}/events", params={"after": after})["events"]
 
     def metrics(self, job_id: str, since_step: int = 0) -> builtins.list[dict[str, Any]]:
-        return self._call("GET", f"/v1/jobs/{job_id}/metrics",
-                          params={"since_step": since_step})["metrics"]
+        return self._call("GET", f"/v1/jobs/{job_id}/metrics", params={"since_step": since_step})[
+            "metrics"
+        ]
 
     def checkpoints(self, job_id: str) -> builtins.list[dict[str, Any]]:
-        return self._call("GET",
-                          f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]
+        return self._call("GET", f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]
 
     def logs(self, job_id: str, rank: int = 0, tail: int = 200) -> builtins.list[str]:
-        return self._call("GET", f"/v1/jobs/{job_id}/logs",
-                          params={"rank": rank, "tail": tail})["lines"]
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "tail": tail})[
+            "lines"
+        ]
 
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")

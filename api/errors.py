@@ -26,16 +26,31 @@ _STORE_STATUS: dict[type[StoreError], int] = {
     IllegalTransition: 409,
     ConcurrentUpdate: 409,
 }
-_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large",
-               415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    503: "unavailable",
+}
 
 
 class ApiError(Exception):
     """Raised by routes; rendered with the error shape."""
 
-    def __init__(self, status: int, code: str, message: str, details: Any = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
         self.headers = headers
@@ -45,8 +60,9 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details}}
 
 
-def error_response(status: int, code: str, message: str, details: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
@@ -55,8 +71,9 @@ def field_errors(errors: Any) -> list[dict[str, str]]:
     out = []
     for e in errors:
         loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        out.append({"field": ".".join(loc), "message": str(e.get("msg", "")).removeprefix(
-            "Value error, ")})
+        out.append(
+            {"field": ".".join(loc), "message": str(e.get("msg", "")).removeprefix("Value error, ")}
+        )
     return out
 
 
@@ -79,11 +96,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(err.status_code, "http_error")
-        return error_response(err.status_code, code, str(err.detail),
-                              headers=getattr(err, "headers", None))
+        return error_response(
+            err.status_code, code, str(err.detail), headers=getattr(err, "headers", None)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error",
-                              "the server failed to handle this request; it has been logged")
+        return error_response(
+            500, "internal_error", "the server failed to handle this request; it has been logged"
+        )

@@ -49,6 +49,7 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, "payload_too_large",
-                                  f"request body is larger than {self.max_bytes} bytes")
+        response = error_response(
+            413, "payload_too_large", f"request body is larger than {self.max_bytes} bytes"
+        )
         await response(scope, receive, send)

@@ -45,13 +45,23 @@ class JobPublic(_Times):
     @classmethod
     def of(cls, job: Job) -> JobPublic:
         return cls(
-            id=job.id, name=job.name, owner=job.owner.name, state=job.state,
-            priority=job.priority, created_at=job.created_at, started_at=job.started_at,
-            finished_at=job.finished_at, step=job.current_step,
-            steps=int(job.spec.get("train", {}).get("steps", 0)), restarts=job.restarts,
-            failure_reason=job.failure_reason, queue_reason=job.queue_reason,
-            latest_metrics=job.latest_metrics, latest_checkpoint=job.latest_checkpoint,
-            version=job.version, spec=job.spec,
+            id=job.id,
+            name=job.name,
+            owner=job.owner.name,
+            state=job.state,
+            priority=job.priority,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            step=job.current_step,
+            steps=int(job.spec.get("train", {}).get("steps", 0)),
+            restarts=job.restarts,
+            failure_reason=job.failure_reason,
+            queue_reason=job.queue_reason,
+            latest_metrics=job.latest_metrics,
+            latest_checkpoint=job.latest_checkpoint,
+            version=job.version,
+            spec=job.spec,
         )
 
 
@@ -94,8 +104,9 @@ class CheckpointPublic(_Times):
 
     @classmethod
     def of(cls, c: Checkpoint) -> CheckpointPublic:
-        return cls(step=c.step, path=c.path, bytes=c.bytes, created_at=c.created_at,
-                   layout=c.layout)
+        return cls(
+            step=c.step, path=c.path, bytes=c.bytes, created_at=c.created_at, layout=c.layout
+        )
 
 
 class CheckpointsPublic(BaseModel):

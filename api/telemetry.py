@@ -34,14 +34,23 @@ class JobsByState(Collector):
 class ApiTelemetry:
     def __init__(self, db: Database) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("shardline_http_requests", "HTTP requests",
-                                ["method", "route", "status"], registry=self.registry)
-        self.latency = Histogram("shardline_http_request_seconds", "HTTP request latency",
-                                 ["method", "route"], registry=self.registry)
+        self.requests = Counter(
+            "shardline_http_requests",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "shardline_http_request_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=self.registry,
+        )
         self.registry.register(JobsByState(db))
 
-    async def middleware(self, request: Request,
-                         call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def middleware(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         start = time.perf_counter()
         response = await call_next(request)
         route = getattr(request.scope.get("route"), "path", "unmatched")

@@ -116,14 +116,27 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
     ray_bin = Path(sys.executable).parent / "ray"
     log_dir = state_dir / "ray"
     log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [str(ray_bin), "start", "--head", "--block", f"--port={port}",
-           f"--num-cpus={num_cpus}",
-           "--include-dashboard=false", "--disable-usage-stats",
-           f"--object-store-memory={OBJECT_STORE_BYTES}", "--node-ip-address=127.0.0.1",
-           f"--temp-dir={_temp_dir(state_dir)}"]
+    cmd = [
+        str(ray_bin),
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        f"--num-cpus={num_cpus}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={_temp_dir(state_dir)}",
+    ]
     with (log_dir / "head.log").open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     head = LocalRay(address, proc.pid, log_dir / "head.json")
     deadline = time.monotonic() + timeout_s
     while not _listening(address):
@@ -134,4 +147,3 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
     head.record.write_text(json.dumps({"address": address, "pid": proc.pid}))
     log.info("started local Ray head %s with %d logical CPUs", address, num_cpus)
     return head
-

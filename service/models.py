@@ -105,8 +105,7 @@ class Job(Base):
 class JobEvent(Base):
     __tablename__ = "job_events"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     time: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
@@ -120,8 +119,7 @@ class JobMetric(Base):
     __tablename__ = "job_metrics"
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_job_metrics_job_step"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                    primary_key=True)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     values: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -44,7 +44,9 @@ class RaySupervisors:
         if handle is None:
             spec_json = JobSpec.model_validate(job.spec).model_dump_json()
             handle = SupervisorActor.options(
-                name=supervisor_name(job.id), namespace=NAMESPACE, lifetime="detached",
+                name=supervisor_name(job.id),
+                namespace=NAMESPACE,
+                lifetime="detached",
                 get_if_exists=True,
             ).remote(job.id, spec_json, self.storage_root)
         ray.get(handle.start.remote(), timeout=60)
@@ -78,14 +80,19 @@ class RayRuntime:
         self.store = store
         self.address = address
         self.supervisors = RaySupervisors(str(settings.resolved_storage_root))
-        self.scheduler = Scheduler(store, cluster_total=self._total, launch=self._launch,
-                                   discard=self.supervisors.remove)
+        self.scheduler = Scheduler(
+            store, cluster_total=self._total, launch=self._launch, discard=self.supervisors.remove
+        )
         self.reconciler = Reconciler(store, self.supervisors)
 
     def start(self) -> None:
         if not ray.is_initialized():
-            ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
-                     logging_level=logging.WARNING)
+            ray.init(
+                address=self.address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
         log.info("connected to Ray at %s: %s", self.address, self._total())
         self.reconciler.start()
         self.scheduler.start()
@@ -105,19 +112,27 @@ class RayRuntime:
 
     def cluster(self) -> ClusterInfo:
         available = ray.available_resources()
-        return ClusterInfo(runtime="ray", connected=True, message=f"Ray at {self.address}",
-                           resources=self._total(),
-                           available={k: float(available.get(k, 0.0)) for k in RESOURCE_NAMES})
+        return ClusterInfo(
+            runtime="ray",
+            connected=True,
+            message=f"Ray at {self.address}",
+            resources=self._total(),
+            available={k: float(available.get(k, 0.0)) for k in RESOURCE_NAMES},
+        )
 
     def refusal(self, spec: JobSpec) -> str | None:
         demand, total = job_demand(spec), self._total()
         if any(demand[k] > total.get(k, 0.0) + 1e-9 for k in RESOURCE_NAMES):
-            return (f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "
-                    f"{describe(bundle_resources(spec))}) but the whole cluster has "
-                    f"{describe(total)}; use fewer ranks or smaller resources")
+            return (
+                f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "
+                f"{describe(bundle_resources(spec))}) but the whole cluster has "
+                f"{describe(total)}; use fewer ranks or smaller resources"
+            )
         bundle = bundle_resources(spec)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         if not any(all(bundle.get(k, 0) <= n.get(k, 0) for k in bundle) for n in nodes):
-            return (f"one rank needs {describe(bundle)} but no node has that much; lower "
-                    "resources.cpus_per_worker or resources.gpus_per_worker")
+            return (
+                f"one rank needs {describe(bundle)} but no node has that much; lower "
+                "resources.cpus_per_worker or resources.gpus_per_worker"
+            )
         return None

@@ -31,8 +31,7 @@ class Supervisors(Protocol):
 
 
 class Reconciler:
-    def __init__(self, store: JobStore, supervisors: Supervisors,
-                 interval_s: float = 0.5) -> None:
+    def __init__(self, store: JobStore, supervisors: Supervisors, interval_s: float = 0.5) -> None:
         self.store = store
         self.supervisors = supervisors
         self.interval_s = interval_s
@@ -73,14 +72,21 @@ class Reconciler:
             return
         self._apply(job, snapshot["entries"])
         job = self.store.get(job.id)
-        ended = JobState(snapshot["state"]) in (JobState.SUCCEEDED, JobState.FAILED,
-                                                 JobState.CANCELLED)
-        if ended and job.reconciled_seq >= snapshot["last_seq"] and \
-                not JobState(job.state).terminal:
+        ended = JobState(snapshot["state"]) in (
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+        )
+        if (
+            ended
+            and job.reconciled_seq >= snapshot["last_seq"]
+            and not JobState(job.state).terminal
+        ):
             # The supervisor ended in a way the job's state does not allow (it finished
             # just as a cancel arrived): the cancel wins.
-            self.store.transition(job.id, JobState.CANCELLED,
-                                  f"supervisor ended {snapshot['state']} while cancelling")
+            self.store.transition(
+                job.id, JobState.CANCELLED, f"supervisor ended {snapshot['state']} while cancelling"
+            )
             job = self.store.get(job.id)
         if JobState(job.state).terminal:
             self.supervisors.remove(job.id)
@@ -106,19 +112,29 @@ class Reconciler:
         if target == JobState.FAILED:
             fields["failure_reason"] = entry["reason"]
         try:
-            self.store.transition(job_id, target, entry["reason"],
-                                  expected_version=job.version, **fields)
+            self.store.transition(
+                job_id, target, entry["reason"], expected_version=job.version, **fields
+            )
         except IllegalTransition:
             # e.g. RUNNING reported after the user asked to cancel: nothing to record.
-            self.store.record_progress(job_id, [{"kind": "skipped_state", "seq": entry["seq"]}],
-                                       after_seq=seq)
+            self.store.record_progress(
+                job_id, [{"kind": "skipped_state", "seq": entry["seq"]}], after_seq=seq
+            )
         return int(entry["seq"])
 
     def _supervisor_gone(self, job: Job) -> None:
         if job.state == JobState.CANCELLING:
-            self.store.transition(job.id, JobState.CANCELLED, "no supervisor was running",
-                                  expected_version=job.version)
+            self.store.transition(
+                job.id,
+                JobState.CANCELLED,
+                "no supervisor was running",
+                expected_version=job.version,
+            )
             return
-        self.store.transition(job.id, JobState.FAILED, "the job's supervisor actor is gone",
-                              expected_version=job.version,
-                              failure_reason="the job's supervisor actor is gone")
+        self.store.transition(
+            job.id,
+            JobState.FAILED,
+            "the job's supervisor actor is gone",
+            expected_version=job.version,
+            failure_reason="the job's supervisor actor is gone",
+        )

@@ -34,7 +34,8 @@ class NoRuntime:
 
     def cluster(self) -> ClusterInfo:
         return ClusterInfo(
-            runtime="none", connected=False,
+            runtime="none",
+            connected=False,
             message="no runtime is attached to this server: submitted jobs stay QUEUED",
         )
 

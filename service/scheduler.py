@@ -27,13 +27,16 @@ RESOURCE_NAMES = ("CPU", "GPU")
 def job_demand(spec: JobSpec) -> dict[str, float]:
     """Total resources of a job's placement group."""
     ranks = spec.parallel.world_size
-    return {"CPU": spec.resources.cpus_per_worker * ranks,
-            "GPU": spec.resources.gpus_per_worker * ranks}
+    return {
+        "CPU": spec.resources.cpus_per_worker * ranks,
+        "GPU": spec.resources.gpus_per_worker * ranks,
+    }
 
 
 def describe(resources: dict[str, float]) -> str:
-    return ", ".join(f"{resources.get(k, 0):g} {k}" for k in RESOURCE_NAMES
-                     if resources.get(k, 0) or k == "CPU")
+    return ", ".join(
+        f"{resources.get(k, 0):g} {k}" for k in RESOURCE_NAMES if resources.get(k, 0) or k == "CPU"
+    )
 
 
 def fits(demand: dict[str, float], free: dict[str, float]) -> bool:
@@ -53,8 +56,9 @@ class Plan:
     waiting: dict[str, str]  # job id -> why it still waits
 
 
-def plan_admissions(queue: list[Queued], free: dict[str, float], total: dict[str, float],
-                    reserve_after_s: float) -> Plan:
+def plan_admissions(
+    queue: list[Queued], free: dict[str, float], total: dict[str, float], reserve_after_s: float
+) -> Plan:
     """Which of `queue` (already in priority, age order) to start now, and why not the rest."""
     free = dict(free)
     admit: list[str] = []
@@ -62,16 +66,20 @@ def plan_admissions(queue: list[Queued], free: dict[str, float], total: dict[str
     blocked_by: Queued | None = None
     for job in queue:
         if blocked_by is not None:
-            waiting[job.job_id] = (f"held behind job {blocked_by.job_id}, which has waited "
-                                   f"{blocked_by.waited_s:.0f}s for resources")
+            waiting[job.job_id] = (
+                f"held behind job {blocked_by.job_id}, which has waited "
+                f"{blocked_by.waited_s:.0f}s for resources"
+            )
             continue
         if fits(job.demand, free):
             admit.append(job.job_id)
             for k in RESOURCE_NAMES:
                 free[k] = free.get(k, 0) - job.demand.get(k, 0)
             continue
-        waiting[job.job_id] = (f"waiting for resources: needs {describe(job.demand)}; "
-                               f"{describe(free)} free of {describe(total)}")
+        waiting[job.job_id] = (
+            f"waiting for resources: needs {describe(job.demand)}; "
+            f"{describe(free)} free of {describe(total)}"
+        )
         if job.waited_s >= reserve_after_s:
             blocked_by = job
     return Plan(admit, waiting)
@@ -80,10 +88,16 @@ def plan_admissions(queue: list[Queued], free: dict[str, float], total: dict[str
 class Scheduler:
     """A loop in the control plane: plan, then start each admitted job's supervisor."""
 
-    def __init__(self, store: JobStore, *, cluster_total: Callable[[], dict[str, float]],
-                 launch: Callable[[Job], None], discard: Callable[[str], None],
-                 interval_s: float = 1.0,
-                 reserve_after_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        cluster_total: Callable[[], dict[str, float]],
+        launch: Callable[[Job], None],
+        discard: Callable[[str], None],
+        interval_s: float = 1.0,
+        reserve_after_s: float = 300.0,
+    ) -> None:
         self.store = store
         self.cluster_total = cluster_total
         self.launch = launch
@@ -109,8 +123,10 @@ class Scheduler:
 
     def tick(self) -> None:
         active = self.store.active_jobs()
-        queued = sorted((j for j in active if j.state == JobState.QUEUED),
-                        key=lambda j: (-j.priority, _utc(j.created_at)))
+        queued = sorted(
+            (j for j in active if j.state == JobState.QUEUED),
+            key=lambda j: (-j.priority, _utc(j.created_at)),
+        )
         if not queued:
             return
         total = self.cluster_total()
@@ -122,9 +138,18 @@ class Scheduler:
         free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
         now = datetime.now(UTC)
         plan = plan_admissions(
-            [Queued(j.id, job_demand(JobSpec.model_validate(j.spec)),
-                    (now - _utc(j.created_at)).total_seconds()) for j in queued],
-            free, total, self.reserve_after_s)
+            [
+                Queued(
+                    j.id,
+                    job_demand(JobSpec.model_validate(j.spec)),
+                    (now - _utc(j.created_at)).total_seconds(),
+                )
+                for j in queued
+            ],
+            free,
+            total,
+            self.reserve_after_s,
+        )
         by_id = {j.id: j for j in queued}
         for job_id in plan.admit:
             self._admit(by_id[job_id])
@@ -135,8 +160,13 @@ class Scheduler:
     def _admit(self, job: Job) -> None:
         self.launch(job)  # idempotent: reuses a supervisor that already exists
         try:
-            self.store.transition(job.id, JobState.STARTING, "admitted by the scheduler",
-                                  expected_version=job.version, queue_reason=None)
+            self.store.transition(
+                job.id,
+                JobState.STARTING,
+                "admitted by the scheduler",
+                expected_version=job.version,
+                queue_reason=None,
+            )
         except (ConcurrentUpdate, IllegalTransition) as err:
             # Cancelled meanwhile: nothing will read this supervisor, so remove it now.
             log.info("job %s not started: %s", job.id, err)

@@ -64,8 +64,12 @@ class Page:
 
 
 # Timestamps that a transition into a state sets.
-_STAMPS = {JobState.STARTING: "started_at", JobState.SUCCEEDED: "finished_at",
-           JobState.FAILED: "finished_at", JobState.CANCELLED: "finished_at"}
+_STAMPS = {
+    JobState.STARTING: "started_at",
+    JobState.SUCCEEDED: "finished_at",
+    JobState.FAILED: "finished_at",
+    JobState.CANCELLED: "finished_at",
+}
 
 
 class JobStore:
@@ -74,22 +78,37 @@ class JobStore:
 
     # -- creating and reading --------------------------------------------------------
 
-    def create(self, owner: User, spec: JobSpec, idempotency_key: str | None = None
-               ) -> tuple[Job, bool]:
+    def create(
+        self, owner: User, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]:
         """Insert a QUEUED job; returns (job, created). Same key + same spec: the same job."""
         digest = spec_hash(spec)
         if idempotency_key is not None:
             existing = self._by_key(owner.id, idempotency_key)
             if existing is not None:
                 return self._same_request(existing, digest), False
-        job = Job(id=new_job_id(), owner_id=owner.id, name=spec.name,
-                  spec=spec.model_dump(mode="json"), state=JobState.QUEUED, version=1,
-                  priority=spec.priority, idempotency_key=idempotency_key,
-                  request_hash=digest, created_at=utcnow())
+        job = Job(
+            id=new_job_id(),
+            owner_id=owner.id,
+            name=spec.name,
+            spec=spec.model_dump(mode="json"),
+            state=JobState.QUEUED,
+            version=1,
+            priority=spec.priority,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            created_at=utcnow(),
+        )
         with self.db.session() as s:
             s.add(job)
-            s.add(_event(job.id, "submitted", f"submitted by {owner.name}",
-                         {"state": JobState.QUEUED.value}))
+            s.add(
+                _event(
+                    job.id,
+                    "submitted",
+                    f"submitted by {owner.name}",
+                    {"state": JobState.QUEUED.value},
+                )
+            )
             try:
                 s.commit()
             except IntegrityError:
@@ -106,8 +125,7 @@ class JobStore:
 
     def _by_key(self, owner_id: int, key: str) -> Job | None:
         with self.db.session() as s:
-            return s.scalar(select(Job).where(Job.owner_id == owner_id,
-                                              Job.idempotency_key == key))
+            return s.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
 
     @staticmethod
     def _same_request(job: Job, digest: str) -> Job:
@@ -122,13 +140,20 @@ class JobStore:
         """The job; a viewer who is neither its owner nor an admin gets JobNotFound."""
         with self.db.session() as s:
             job = s.get(Job, job_id)
-        if job is None or (viewer is not None and not viewer.is_admin
-                           and job.owner_id != viewer.id):
+        if job is None or (
+            viewer is not None and not viewer.is_admin and job.owner_id != viewer.id
+        ):
             raise JobNotFound(f"no job {job_id}")
         return job
 
-    def list_jobs(self, viewer: User, *, state: JobState | None = None, limit: int = 50,
-             cursor: str | None = None) -> Page:
+    def list_jobs(
+        self,
+        viewer: User,
+        *,
+        state: JobState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
         """Newest first; `cursor` is the opaque `next_cursor` of the previous page."""
         query = select(Job)
         if not viewer.is_admin:
@@ -137,8 +162,9 @@ class JobStore:
             query = query.where(Job.state == state.value)
         if cursor is not None:
             created, job_id = decode_cursor(cursor)
-            query = query.where(or_(Job.created_at < created,
-                                    and_(Job.created_at == created, Job.id < job_id)))
+            query = query.where(
+                or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
+            )
         query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
         with self.db.session() as s:
             jobs = list(s.scalars(query))
@@ -152,8 +178,15 @@ class JobStore:
 
     # -- changing state --------------------------------------------------------------
 
-    def transition(self, job_id: str, to: JobState, reason: str, *,
-                   expected_version: int | None = None, **fields: Any) -> Job:
+    def transition(
+        self,
+        job_id: str,
+        to: JobState,
+        reason: str,
+        *,
+        expected_version: int | None = None,
+        **fields: Any,
+    ) -> Job:
         """Move the job to `to`, recording `reason` as an event.
 
         With `expected_version`, the move happens only if nobody changed the job since the
@@ -166,20 +199,25 @@ class JobStore:
             src = JobState(job.state)
             version = job.version if expected_version is None else expected_version
             if job.version != version:
-                raise ConcurrentUpdate(f"job {job_id} changed since it was read (now "
-                                       f"{src.value}); read it again and retry")
+                raise ConcurrentUpdate(
+                    f"job {job_id} changed since it was read (now "
+                    f"{src.value}); read it again and retry"
+                )
             if not is_legal(src, to):
-                raise IllegalTransition(f"job {job_id} is {src.value}; it cannot become "
-                                        f"{to.value}")
+                raise IllegalTransition(f"job {job_id} is {src.value}; it cannot become {to.value}")
             values: dict[str, Any] = {"state": to.value, "version": version + 1, **fields}
             if to in _STAMPS:
                 values[_STAMPS[to]] = utcnow()
-            result = s.execute(update(Job).where(Job.id == job_id, Job.version == version,
-                                                 Job.state == src.value).values(**values))
+            result = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.version == version, Job.state == src.value)
+                .values(**values)
+            )
             if result.rowcount != 1:  # type: ignore[attr-defined]
                 s.rollback()
-                raise ConcurrentUpdate(f"job {job_id} changed while moving it to {to.value}; "
-                                       "read it again and retry")
+                raise ConcurrentUpdate(
+                    f"job {job_id} changed while moving it to {to.value}; read it again and retry"
+                )
             s.add(_event(job_id, "state", reason, {"from": src.value, "to": to.value}))
             s.commit()
         log.info("job %s: %s -> %s (%s)", job_id, src.value, to.value, reason)
@@ -193,24 +231,29 @@ class JobStore:
             raise IllegalTransition(f"job {job_id} already ended ({state.value})")
         if state == JobState.CANCELLING:
             return job
-        job = self.transition(job_id, JobState.CANCELLING, reason,
-                              expected_version=job.version)
+        job = self.transition(job_id, JobState.CANCELLING, reason, expected_version=job.version)
         if state == JobState.QUEUED:
-            job = self.transition(job_id, JobState.CANCELLED, "cancelled before it started",
-                                  expected_version=job.version)
+            job = self.transition(
+                job_id,
+                JobState.CANCELLED,
+                "cancelled before it started",
+                expected_version=job.version,
+            )
         return job
 
     def set_queue_reason(self, job_id: str, reason: str | None) -> None:
         """Why a QUEUED job waits; not a change of state, so no version bump."""
         with self.db.session() as s:
-            s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.QUEUED.value)
-                      .values(queue_reason=reason))
+            s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state == JobState.QUEUED.value)
+                .values(queue_reason=reason)
+            )
             s.commit()
 
     # -- what a job produced ----------------------------------------------------------
 
-    def record_progress(self, job_id: str, entries: list[dict[str, Any]], *,
-                        after_seq: int) -> int:
+    def record_progress(self, job_id: str, entries: list[dict[str, Any]], *, after_seq: int) -> int:
         """Write a supervisor's metrics, events and checkpoints in one transaction.
 
         Applies only if the job's `reconciled_seq` is still `after_seq` (so two readers
@@ -221,8 +264,17 @@ class JobStore:
         last_seq = entries[-1]["seq"]
         with self.db.session() as s:
             steps = [e["step"] for e in entries if e["kind"] == "metrics"]
-            have = set(s.scalars(select(JobMetric.step).where(
-                JobMetric.job_id == job_id, JobMetric.step.in_(steps)))) if steps else set()
+            have = (
+                set(
+                    s.scalars(
+                        select(JobMetric.step).where(
+                            JobMetric.job_id == job_id, JobMetric.step.in_(steps)
+                        )
+                    )
+                )
+                if steps
+                else set()
+            )
             latest: dict[str, Any] | None = None
             for e in entries:
                 if e["kind"] == "metrics" and e["step"] not in have:
@@ -236,39 +288,57 @@ class JobStore:
             values: dict[str, Any] = {"reconciled_seq": last_seq}
             if latest is not None:
                 values.update(latest_metrics=latest, current_step=latest["step"])
-            result = s.execute(update(Job).where(Job.id == job_id,
-                                                 Job.reconciled_seq == after_seq).values(**values))
+            result = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.reconciled_seq == after_seq)
+                .values(**values)
+            )
             if result.rowcount != 1:  # type: ignore[attr-defined]
                 s.rollback()
-                raise ConcurrentUpdate(f"job {job_id}: progress after {after_seq} was already "
-                                       "recorded")
+                raise ConcurrentUpdate(
+                    f"job {job_id}: progress after {after_seq} was already recorded"
+                )
             s.commit()
         return int(last_seq)
 
-    def add_event(self, job_id: str, kind: str, message: str,
-                  data: dict[str, Any] | None = None) -> None:
+    def add_event(
+        self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
+    ) -> None:
         with self.db.session() as s:
             s.add(_event(job_id, kind, message, data))
             s.commit()
 
     def events(self, job_id: str, *, after_id: int = 0, limit: int = 200) -> list[JobEvent]:
         with self.db.session() as s:
-            return list(s.scalars(select(JobEvent).where(JobEvent.job_id == job_id,
-                                                         JobEvent.id > after_id)
-                                  .order_by(JobEvent.id).limit(limit)))
+            return list(
+                s.scalars(
+                    select(JobEvent)
+                    .where(JobEvent.job_id == job_id, JobEvent.id > after_id)
+                    .order_by(JobEvent.id)
+                    .limit(limit)
+                )
+            )
 
-    def metrics(self, job_id: str, *, since_step: int = 0, limit: int = 1000
-                ) -> list[JobMetric]:
+    def metrics(self, job_id: str, *, since_step: int = 0, limit: int = 1000) -> list[JobMetric]:
         with self.db.session() as s:
-            return list(s.scalars(select(JobMetric).where(JobMetric.job_id == job_id,
-                                                          JobMetric.step > since_step)
-                                  .order_by(JobMetric.step).limit(limit)))
+            return list(
+                s.scalars(
+                    select(JobMetric)
+                    .where(JobMetric.job_id == job_id, JobMetric.step > since_step)
+                    .order_by(JobMetric.step)
+                    .limit(limit)
+                )
+            )
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         with self.db.session() as s:
-            return list(s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id,
-                                                           Checkpoint.committed.is_(True))
-                                  .order_by(Checkpoint.step)))
+            return list(
+                s.scalars(
+                    select(Checkpoint)
+                    .where(Checkpoint.job_id == job_id, Checkpoint.committed.is_(True))
+                    .order_by(Checkpoint.step)
+                )
+            )
 
 
 def _event(job_id: str, kind: str, message: str, data: dict[str, Any] | None) -> JobEvent:
@@ -285,4 +355,3 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         return datetime.fromisoformat(created), job_id
     except ValueError as err:
         raise ValueError("cursor: not a cursor returned by this API") from err
-

@@ -61,8 +61,13 @@ class UserDirectory:
     def issue_token(self, user: User, name: str) -> IssuedToken:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.db.session() as s:
-            row = ApiToken(user_id=user.id, name=name, token_hash=hash_token(token),
-                           prefix=token[:12], created_at=utcnow())
+            row = ApiToken(
+                user_id=user.id,
+                name=name,
+                token_hash=hash_token(token),
+                prefix=token[:12],
+                created_at=utcnow(),
+            )
             s.add(row)
             s.commit()
             return IssuedToken(token, row.id, user)
@@ -70,15 +75,20 @@ class UserDirectory:
     def authenticate(self, token: str) -> User | None:
         """The user a live token belongs to, or None (unknown or revoked)."""
         with self.db.session() as s:
-            row = s.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token),
-                                                  ApiToken.revoked_at.is_(None)))
+            row = s.scalar(
+                select(ApiToken).where(
+                    ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None)
+                )
+            )
             return s.get(User, row.user_id) if row is not None else None
 
     def list_tokens(self) -> list[TokenInfo]:
         with self.db.session() as s:
             rows = s.execute(select(ApiToken, User.name).join(User).order_by(ApiToken.id))
-            return [TokenInfo(t.id, user, t.name, t.prefix, t.created_at,
-                              t.revoked_at is not None) for t, user in rows]
+            return [
+                TokenInfo(t.id, user, t.name, t.prefix, t.created_at, t.revoked_at is not None)
+                for t, user in rows
+            ]
 
     def revoke(self, token_id: int) -> bool:
         """Revoke a token by id; False if there is no such live token."""

@@ -23,7 +23,7 @@ class ProgressBuffer:
 
     def after(self, seq: int, limit: int = 10_000) -> list[dict[str, Any]]:
         with self._lock:
-            return self.entries[seq: seq + limit]
+            return self.entries[seq : seq + limit]
 
     @property
     def last_seq(self) -> int:

@@ -209,8 +209,10 @@ class JobSpec(_Strict):
         par, tr = self.parallel, self.train
         stages = par.pp * par.pp_virtual_stages
         if m["n_layers"] % stages:
-            what = "parallel.pp" if par.pp_virtual_stages == 1 else (
-                "parallel.pp x parallel.pp_virtual_stages"
+            what = (
+                "parallel.pp"
+                if par.pp_virtual_stages == 1
+                else ("parallel.pp x parallel.pp_virtual_stages")
             )
             raise ValueError(
                 f"model.n_layers={m['n_layers']} is not divisible by {what}={stages}; "
@@ -239,8 +241,10 @@ class JobSpec(_Strict):
                 f"per step but train.global_batch_size / (micro_batch_size x dp) = "
                 f"{self.accumulation_steps}; raise global_batch_size or lower micro_batch_size"
             )
-        if self.data.source == DataSource.text and self.data.tokenizer == "byte" and (
-            m["vocab_size"] < 256
+        if (
+            self.data.source == DataSource.text
+            and self.data.tokenizer == "byte"
+            and (m["vocab_size"] < 256)
         ):
             raise ValueError(
                 f"model.vocab_size={m['vocab_size']} is too small for data.tokenizer='byte'; "

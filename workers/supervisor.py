@@ -53,8 +53,9 @@ class Workers(Protocol):
 
 
 class JobSupervisor:
-    def __init__(self, job_id: str, spec_json: str, storage_root: str,
-                 workers: Workers | None = None) -> None:
+    def __init__(
+        self, job_id: str, spec_json: str, storage_root: str, workers: Workers | None = None
+    ) -> None:
         self.job_id = job_id
         self.spec = JobSpec.model_validate_json(spec_json)
         self.job_dir = Path(storage_root) / job_id
@@ -80,14 +81,18 @@ class JobSupervisor:
     def start(self) -> None:
         """Run the state machine in the background (idempotent)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name=f"supervise-{self.job_id}",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self.run, name=f"supervise-{self.job_id}", daemon=True
+            )
             self._thread.start()
 
     def read(self, after_seq: int) -> dict[str, Any]:
         """Buffered entries after `after_seq`, and the state now."""
-        return {"entries": self.buffer.after(after_seq), "state": self.state.value,
-                "last_seq": self.buffer.last_seq}
+        return {
+            "entries": self.buffer.after(after_seq),
+            "state": self.state.value,
+            "last_seq": self.buffer.last_seq,
+        }
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -129,8 +134,10 @@ class JobSupervisor:
 
     def _launch(self, verb: str) -> SupervisorState:
         nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
-        self._event(f"placement group ready: {len(nodes)} ranks on "
-                    f"{len(set(nodes))} node(s)", nodes=sorted(set(nodes)))
+        self._event(
+            f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
+            nodes=sorted(set(nodes)),
+        )
         self.workers.start(JOIN_TIMEOUT_S)
         self._event(f"workers {verb}", world_size=len(nodes))
         self._reason = f"{len(nodes)} workers {verb}"
@@ -161,8 +168,11 @@ class JobSupervisor:
     def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
         limit = self.spec.fault_tolerance.hang_timeout_s
         now = time.time()
-        hung = [s["rank"] for s in statuses
-                if s["phase"] in ("joining", "training") and now - s["last_progress"] > limit]
+        hung = [
+            s["rank"]
+            for s in statuses
+            if s["phase"] in ("joining", "training") and now - s["last_progress"] > limit
+        ]
         if hung:
             front = max(s["step"] for s in statuses)
             behind = [s["rank"] for s in statuses if s["step"] < front]

@@ -37,8 +37,15 @@ class WorkerStatus:
 
 
 class TrainingWorker:
-    def __init__(self, job_id: str, rank: int, world_size: int, spec_json: str,
-                 log_dir: str, cpus: float = 1.0) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        spec_json: str,
+        log_dir: str,
+        cpus: float = 1.0,
+    ) -> None:
         self.job_id, self.rank, self.world_size = job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
         self._log_handler = _log_to_file(Path(log_dir) / f"rank-{rank}.log")
@@ -71,8 +78,11 @@ class TrainingWorker:
             raise RuntimeError("worker already started")
         self._phase = "joining"
         self._thread = threading.Thread(
-            target=self._run, args=(master_addr, master_port, join_timeout_s),
-            name=f"train-rank-{self.rank}", daemon=True)
+            target=self._run,
+            args=(master_addr, master_port, join_timeout_s),
+            name=f"train-rank-{self.rank}",
+            daemon=True,
+        )
         self._thread.start()
 
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
@@ -81,10 +91,21 @@ class TrainingWorker:
 
         try:
             device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
-            init_world(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
-                       master_port=master_port, device=device, timeout_s=join_timeout_s)
-            trainer = Trainer(self.spec, world_size=self.world_size, device=device,
-                              on_metrics=self._on_metrics, on_step=self._on_step)
+            init_world(
+                rank=self.rank,
+                world_size=self.world_size,
+                master_addr=master_addr,
+                master_port=master_port,
+                device=device,
+                timeout_s=join_timeout_s,
+            )
+            trainer = Trainer(
+                self.spec,
+                world_size=self.world_size,
+                device=device,
+                on_metrics=self._on_metrics,
+                on_step=self._on_step,
+            )
             self._phase = "training"
             self._last_progress = time.time()
             summary = trainer.train(should_stop=self._should_stop)
@@ -118,9 +139,16 @@ class TrainingWorker:
     def poll(self) -> dict[str, Any]:
         """Status now, plus (rank 0) the metrics logged since the previous poll."""
         with self._lock:
-            status = WorkerStatus(self.rank, self._phase, self._step, self._loss,
-                                  self._last_progress, self._error, self._unsent,
-                                  self._summary)
+            status = WorkerStatus(
+                self.rank,
+                self._phase,
+                self._step,
+                self._loss,
+                self._last_progress,
+                self._error,
+                self._unsent,
+                self._summary,
+            )
             self._unsent = []
         return status.as_dict()
 

@@ -37,8 +37,16 @@ def placement_group_name(job_id: str) -> str:
 
 
 def dead_status(rank: int, error: str) -> dict[str, Any]:
-    return {"rank": rank, "phase": "failed", "step": 0, "loss": None,
-            "last_progress": time.time(), "error": error, "metrics": [], "summary": None}
+    return {
+        "rank": rank,
+        "phase": "failed",
+        "step": 0,
+        "loss": None,
+        "last_progress": time.time(),
+        "error": error,
+        "metrics": [],
+        "summary": None,
+    }
 
 
 class WorkerGroup:
@@ -54,8 +62,11 @@ class WorkerGroup:
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
         if self.pg is None:
-            self.pg = placement_group([bundle_resources(self.spec)] * self.world_size,
-                                      strategy="PACK", name=placement_group_name(self.job_id))
+            self.pg = placement_group(
+                [bundle_resources(self.spec)] * self.world_size,
+                strategy="PACK",
+                name=placement_group_name(self.job_id),
+            )
         ray.get(self.pg.ready(), timeout=timeout_s)
         nodes = placement_group_table(self.pg)["bundles_to_node_id"]
         # Rank r uses bundle self.bundle_of_rank[r]: bundles sorted by node, then index.
@@ -72,18 +83,28 @@ class WorkerGroup:
         self.attempt += 1
         self.actors = [
             WorkerActor.options(
-                name=worker_name(self.job_id, self.attempt, rank), namespace=NAMESPACE,
-                num_cpus=res["CPU"], num_gpus=res.get("GPU", 0),
+                name=worker_name(self.job_id, self.attempt, rank),
+                namespace=NAMESPACE,
+                num_cpus=res["CPU"],
+                num_gpus=res.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=bundle),
+                    placement_group=self.pg, placement_group_bundle_index=bundle
+                ),
             ).remote(self.job_id, rank, self.world_size, spec_json, self.log_dir, res["CPU"])
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
         addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
-        ray.get([a.start.remote(addr, port, join_timeout_s) for a in self.actors],
-                timeout=join_timeout_s)
-        log.info("job %s: %d workers started, rendezvous %s:%d", self.job_id,
-                 len(self.actors), addr, port)
+        ray.get(
+            [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
+            timeout=join_timeout_s,
+        )
+        log.info(
+            "job %s: %d workers started, rendezvous %s:%d",
+            self.job_id,
+            len(self.actors),
+            addr,
+            port,
+        )
 
     def poll(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
@@ -93,14 +114,16 @@ class WorkerGroup:
         statuses = []
         for rank, ref in enumerate(refs):
             if ref not in done:
-                statuses.append(dead_status(rank, f"rank {rank} did not answer a poll in "
-                                                  f"{timeout_s:.0f}s"))
+                statuses.append(
+                    dead_status(rank, f"rank {rank} did not answer a poll in {timeout_s:.0f}s")
+                )
                 continue
             try:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
-                statuses.append(dead_status(rank, f"rank {rank}'s actor died: "
-                                                  f"{type(err).__name__}"))
+                statuses.append(
+                    dead_status(rank, f"rank {rank}'s actor died: {type(err).__name__}")
+                )
         return statuses
 
     def request_stop(self) -> None:

@@ -17,11 +17,20 @@ from workers.spec import JobSpec, describe_errors, load_spec
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-UrlOption = Annotated[str | None, typer.Option(
-    "--url", envvar="SHARDLINE_URL", help="Server address (default http://127.0.0.1:8000).")]
-TokenOption = Annotated[str | None, typer.Option(
-    "--token", envvar="SHARDLINE_TOKEN",
-    help="API token (default: the admin token saved by `shardline serve`).")]
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url", envvar="SHARDLINE_URL", help="Server address (default http://127.0.0.1:8000)."
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="SHARDLINE_TOKEN",
+        help="API token (default: the admin token saved by `shardline serve`).",
+    ),
+]
 
 
 def fail(lines: list[str], code: int = 2) -> typer.Exit:
@@ -48,9 +57,12 @@ def client(url: str | None, token: str | None) -> Client:
     if token is None:
         token_file = settings.resolved_admin_token_file
         if not token_file.is_file():
-            raise fail([f"no token: pass --token, set SHARDLINE_TOKEN, or run "
-                        f"`shardline serve` here first (it saves one to {token_file})"])
+            raise fail(
+                [
+                    f"no token: pass --token, set SHARDLINE_TOKEN, or run "
+                    f"`shardline serve` here first (it saves one to {token_file})"
+                ]
+            )
         token = token_file.read_text().strip()
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return Client(url or os.environ.get("SHARDLINE_URL") or f"http://{host}:{settings.port}",
-                  token)
+    return Client(url or os.environ.get("SHARDLINE_URL") or f"http://{host}:{settings.port}", token)

@@ -34,8 +34,9 @@ def api_errors() -> Iterator[None]:
     except ShardlineError as err:
         raise fail([f"{err.code}: {err.message}"], code=1) from None
     except httpx.TransportError as err:
-        raise fail([f"cannot reach the server ({err}); is `shardline serve` running?"],
-                   code=1) from None
+        raise fail(
+            [f"cannot reach the server ({err}); is `shardline serve` running?"], code=1
+        ) from None
 
 
 def _connect(url: str | None, token: str | None) -> Client:
@@ -46,7 +47,8 @@ def submit(
     spec_path: Annotated[Path, typer.Argument(metavar="FILE.yaml")],
     follow: Annotated[bool, typer.Option("--follow", help="Show progress until it ends.")] = False,
     idempotency_key: Annotated[str | None, typer.Option(help="Submit at most once.")] = None,
-    url: UrlOption = None, token: TokenOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Submit a job spec; prints the job id."""
     spec = read_spec(spec_path)
@@ -56,16 +58,26 @@ def submit(
         if follow:
             final = follow_job(c, job["id"], job["steps"])
             if final["state"] != "SUCCEEDED":
-                raise fail([f"job {final['id']} ended {final['state']}: "
-                            f"{final.get('failure_reason') or ''}"], code=1)
+                raise fail(
+                    [
+                        f"job {final['id']} ended {final['state']}: "
+                        f"{final.get('failure_reason') or ''}"
+                    ],
+                    code=1,
+                )
 
 
-def follow_job(c: Client, job_id: str, steps: int,
-               on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def follow_job(
+    c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """A progress bar of the job's steps until it ends; returns the final job."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
-                  TimeElapsedColumn(), console=err_console) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+    ) as progress:
         task = progress.add_task(job_id, total=steps, status="")
         while True:
             job = c.get(job_id)
@@ -86,15 +98,22 @@ def follow_job(c: Client, job_id: str, steps: int,
 def jobs(
     state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
-    url: UrlOption = None, token: TokenOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
 ) -> None:
     """List jobs, newest first."""
     with api_errors(), _connect(url, token) as c:
         page = c.list(state=state, limit=limit)
     table = Table("id", "name", "owner", "state", "step", "created")
     for j in page["jobs"]:
-        table.add_row(j["id"], j["name"], j["owner"], j["state"], f"{j['step']}/{j['steps']}",
-                      j["created_at"][:19])
+        table.add_row(
+            j["id"],
+            j["name"],
+            j["owner"],
+            j["state"],
+            f"{j['step']}/{j['steps']}",
+            j["created_at"][:19],
+        )
     console.print(table)
 
 
@@ -103,9 +122,20 @@ def status(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
     with api_errors(), _connect(url, token) as c:
         job = c.get(job_id)
         events = c.events(job_id)
-    for key in ("id", "name", "owner", "state", "priority", "created_at", "started_at",
-                "finished_at", "restarts", "failure_reason", "queue_reason",
-                "latest_checkpoint"):
+    for key in (
+        "id",
+        "name",
+        "owner",
+        "state",
+        "priority",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "restarts",
+        "failure_reason",
+        "queue_reason",
+        "latest_checkpoint",
+    ):
         if job.get(key) not in (None, ""):
             console.print(f"[bold]{key}[/bold]: {job[key]}")
     console.print(f"[bold]step[/bold]: {job['step']}/{job['steps']}")
@@ -122,18 +152,26 @@ def cancel(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
     console.print(f"{job['id']}  {job['state']}")
 
 
-def logs(job_id: str, rank: Annotated[int, typer.Option(min=0)] = 0,
-         tail: Annotated[int, typer.Option(min=1, max=10000)] = 200,
-         url: UrlOption = None, token: TokenOption = None) -> None:
+def logs(
+    job_id: str,
+    rank: Annotated[int, typer.Option(min=0)] = 0,
+    tail: Annotated[int, typer.Option(min=1, max=10000)] = 200,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
     """Print the end of one rank's log."""
     with api_errors(), _connect(url, token) as c:
         for line in c.logs(job_id, rank=rank, tail=tail):
             typer.echo(line)
 
 
-def metrics(job_id: str, since_step: Annotated[int, typer.Option(min=0)] = 0,
-            as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
-            url: UrlOption = None, token: TokenOption = None) -> None:
+def metrics(
+    job_id: str,
+    since_step: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines.")] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
     """Print a job's logged metrics."""
     with api_errors(), _connect(url, token) as c:
         rows = c.metrics(job_id, since_step=since_step)
@@ -147,7 +185,12 @@ def metrics(job_id: str, since_step: Annotated[int, typer.Option(min=0)] = 0,
         return "" if value is None else format(value, spec)
 
     for r in rows:
-        table.add_row(str(r["step"]), fmt(r.get("loss"), ".4f"), fmt(r.get("grad_norm"), ".3f"),
-                      fmt(r.get("lr"), ".2e"), fmt(r.get("tokens_per_s"), ".0f"),
-                      fmt(r.get("val_loss"), ".4f"))
+        table.add_row(
+            str(r["step"]),
+            fmt(r.get("loss"), ".4f"),
+            fmt(r.get("grad_norm"), ".3f"),
+            fmt(r.get("lr"), ".2e"),
+            fmt(r.get("tokens_per_s"), ".0f"),
+            fmt(r.get("val_loss"), ".4f"),
+        )
     console.print(table)

@@ -39,9 +39,11 @@ def serve(
     db = Database(url)
     token = bootstrap_admin(UserDirectory(db), settings.resolved_admin_token_file)
     if token is not None:
-        console.print(f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
-                      f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
-                      "the CLI finds it)")
+        console.print(
+            f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
+            f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
+            "the CLI finds it)"
+        )
     local: LocalRay | None = None
     address = settings.ray_address
     if not address:
@@ -49,16 +51,25 @@ def serve(
         address = local.address
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)
-    console.print(f"Shardline API on http://{settings.host}:{settings.port} (docs at /docs); "
-                  f"Ray at {address}", soft_wrap=True)
+    console.print(
+        f"Shardline API on http://{settings.host}:{settings.port} (docs at /docs); "
+        f"Ray at {address}",
+        soft_wrap=True,
+    )
     try:
-        uvicorn.run(create_app(settings, runtime), host=settings.host, port=settings.port,
-                    log_level="warning")
+        uvicorn.run(
+            create_app(settings, runtime),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+        )
     finally:
         active = [j for j in store.active_jobs() if j.state != "QUEUED"]
         if local is not None and not active:
             local.stop()
         elif local is not None:
-            console.print(f"Leaving the local Ray head running for {len(active)} active "
-                          "job(s); `shardline serve` re-attaches to it.")
+            console.print(
+                f"Leaving the local Ray head running for {len(active)} active "
+                "job(s); `shardline serve` re-attaches to it."
+            )
         db.dispose()

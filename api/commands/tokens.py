@@ -13,8 +13,10 @@ from service.db import Database
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 
-tokens_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke API tokens "
-                         "(run where the server's database is reachable).")
+tokens_app = typer.Typer(
+    no_args_is_help=True,
+    help="Create, list and revoke API tokens (run where the server's database is reachable).",
+)
 
 
 def _directory() -> tuple[UserDirectory, Database]:
@@ -25,9 +27,10 @@ def _directory() -> tuple[UserDirectory, Database]:
 
 
 @tokens_app.command("create")
-def create(name: Annotated[str, typer.Option("--name", help="The user's name.")],
-           admin: Annotated[bool, typer.Option("--admin", help="Make the user an admin.")]
-           = False) -> None:
+def create(
+    name: Annotated[str, typer.Option("--name", help="The user's name.")],
+    admin: Annotated[bool, typer.Option("--admin", help="Make the user an admin.")] = False,
+) -> None:
     """Create a token for user NAME (created if needed); prints the token once."""
     if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
         raise fail(["--name: 1 to 64 letters, digits, - or _"])
@@ -49,8 +52,14 @@ def list_tokens() -> None:
         db.dispose()
     table = Table("id", "user", "name", "prefix", "created", "revoked")
     for t in rows:
-        table.add_row(str(t.id), t.user, t.name, t.prefix + "...", str(t.created_at)[:19],
-                      "yes" if t.revoked else "")
+        table.add_row(
+            str(t.id),
+            t.user,
+            t.name,
+            t.prefix + "...",
+            str(t.created_at)[:19],
+            "yes" if t.revoked else "",
+        )
     console.print(table)
 
 

@@ -15,18 +15,21 @@ from api.commands.common import err_console, fail, read_spec
 
 def train(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC.yaml", help="Job spec file.")],
-    nproc: Annotated[int | None, typer.Option(
-        "--nproc", min=1, help="Processes to run (default: dp*tp*pp from the spec).")] = None,
-    metrics_out: Annotated[Path | None, typer.Option(
-        "--metrics-out", help="Write one JSON object per logged step to this file.")] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option("--nproc", min=1, help="Processes to run (default: dp*tp*pp from the spec)."),
+    ] = None,
+    metrics_out: Annotated[
+        Path | None,
+        typer.Option("--metrics-out", help="Write one JSON object per logged step to this file."),
+    ] = None,
 ) -> None:
     """Train a spec on this machine without Ray (gloo on CPU, NCCL on GPU)."""
     from workers.engine.launch import TrainingFailed, train_local, train_under_torchrun
 
     spec = read_spec(spec_path)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else (
-        nproc or spec.parallel.world_size)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else (nproc or spec.parallel.world_size)
     try:
         spec.check_world_size(world)
     except ValueError as err:
@@ -34,10 +37,14 @@ def train(
     metrics_file = metrics_out.open("w", encoding="utf-8") if metrics_out else None
 
     summary: dict[str, Any] = {}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
-                  TimeElapsedColumn(), console=err_console,
-                  disable=under_torchrun and os.environ["RANK"] != "0") as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=under_torchrun and os.environ["RANK"] != "0",
+    ) as progress:
         task = progress.add_task(spec.name, total=spec.train.steps, status="starting")
 
         def on_metrics(m: dict[str, Any]) -> None:

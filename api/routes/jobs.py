@@ -28,8 +28,12 @@ from workers.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_SPEC_BODY = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": JobSpec.model_json_schema()}}}}
+_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": JobSpec.model_json_schema()}},
+    }
+}
 
 
 def parse_spec(raw: bytes) -> JobSpec:
@@ -41,8 +45,9 @@ def parse_spec(raw: bytes) -> JobSpec:
     except json.JSONDecodeError as err:
         raise ApiError(400, "invalid_json", f"the request body is not JSON: {err}") from None
     if not isinstance(data, dict):
-        raise ApiError(422, "validation_error",
-                       f"a job spec is a JSON object, got {type(data).__name__}")
+        raise ApiError(
+            422, "validation_error", f"a job spec is a JSON object, got {type(data).__name__}"
+        )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
@@ -59,16 +64,27 @@ def check_data_path(spec: JobSpec, settings: Settings) -> None:
     path = Path(spec.data.path).resolve()
     roots = [root.resolve() for root in settings.data_roots]
     if not any(path.is_relative_to(root) for root in roots):
-        raise ApiError(422, "validation_error",
-                       f"data.path: {spec.data.path} is outside the data roots this server "
-                       f"allows ({', '.join(map(str, roots))})",
-                       [{"field": "data.path", "message": "outside the allowed data roots"}])
+        raise ApiError(
+            422,
+            "validation_error",
+            f"data.path: {spec.data.path} is outside the data roots this server "
+            f"allows ({', '.join(map(str, roots))})",
+            [{"field": "data.path", "message": "outside the allowed data roots"}],
+        )
 
 
-@router.post("", status_code=201, response_model=JobPublic, openapi_extra=_SPEC_BODY,
-             responses={200: {"model": JobPublic, "description": "Idempotent replay"}})
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    openapi_extra=_SPEC_BODY,
+    responses={200: {"model": JobPublic, "description": "Idempotent replay"}},
+)
 async def submit_job(
-    request: Request, user: CurrentUser, store: StoreDep, settings: SettingsDep,
+    request: Request,
+    user: CurrentUser,
+    store: StoreDep,
+    settings: SettingsDep,
     runtime: RuntimeDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Any:
@@ -85,18 +101,22 @@ async def submit_job(
 
 @router.get("", response_model=JobsPublic)
 def list_jobs(
-    user: CurrentUser, store: StoreDep, settings: SettingsDep,
+    user: CurrentUser,
+    store: StoreDep,
+    settings: SettingsDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> JobsPublic:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     try:
-        page = store.list_jobs(user, state=state, limit=min(limit, settings.max_page_size),
-                          cursor=cursor)
+        page = store.list_jobs(
+            user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
+        )
     except ValueError as err:
-        raise ApiError(422, "validation_error", str(err),
-                       [{"field": "cursor", "message": str(err)}]) from None
+        raise ApiError(
+            422, "validation_error", str(err), [{"field": "cursor", "message": str(err)}]
+        ) from None
     return JobsPublic(jobs=[JobPublic.of(j) for j in page.jobs], next_cursor=page.next_cursor)
 
 
@@ -112,18 +132,27 @@ def cancel_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)
-def job_events(job_id: str, user: CurrentUser, store: StoreDep,
-               after: Annotated[int, Query(ge=0)] = 0,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> EventsPublic:
+def job_events(
+    job_id: str,
+    user: CurrentUser,
+    store: StoreDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> EventsPublic:
     store.get(job_id, user)
-    return EventsPublic(events=[EventPublic.of(e) for e in
-                                store.events(job_id, after_id=after, limit=limit)])
+    return EventsPublic(
+        events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def job_metrics(job_id: str, user: CurrentUser, store: StoreDep,
-                since_step: Annotated[int, Query(ge=0)] = 0,
-                limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> MetricsPublic:
+def job_metrics(
+    job_id: str,
+    user: CurrentUser,
+    store: StoreDep,
+    since_step: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> MetricsPublic:
     """Logged steps after `since_step`, in order."""
     store.get(job_id, user)
     return MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
@@ -133,19 +162,28 @@ def job_metrics(job_id: str, user: CurrentUser, store: StoreDep,
 def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> CheckpointsPublic:
     """Committed checkpoints only: a partial one is never reported."""
     store.get(job_id, user)
-    return CheckpointsPublic(checkpoints=[CheckpointPublic.of(c)
-                                          for c in store.checkpoints(job_id)])
+    return CheckpointsPublic(
+        checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)]
+    )
 
 
 @router.get("/{job_id}/logs", response_model=LogsPublic)
-def job_logs(job_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep,
-             rank: Annotated[int, Query(ge=0)] = 0,
-             tail: Annotated[int, Query(ge=1, le=10000)] = 200) -> LogsPublic:
+def job_logs(
+    job_id: str,
+    user: CurrentUser,
+    store: StoreDep,
+    settings: SettingsDep,
+    rank: Annotated[int, Query(ge=0)] = 0,
+    tail: Annotated[int, Query(ge=1, le=10000)] = 200,
+) -> LogsPublic:
     """The last `tail` lines of one rank's log (empty until the job has run)."""
     job = store.get(job_id, user)
     log_dir = settings.resolved_storage_root / job.id / "logs"
-    ranks = sorted(int(p.stem.removeprefix("rank-")) for p in log_dir.glob("rank-*.log")
-                   if p.stem.removeprefix("rank-").isdigit())
+    ranks = sorted(
+        int(p.stem.removeprefix("rank-"))
+        for p in log_dir.glob("rank-*.log")
+        if p.stem.removeprefix("rank-").isdigit()
+    )
     path = log_dir / f"rank-{rank}.log"
     lines: list[str] = []
     if path.is_file():

@@ -46,6 +46,11 @@ def cluster(request: Request, _user: CurrentUser, runtime: RuntimeDep) -> Cluste
     db: Database = request.app.state.db
     with db.session() as s:
         counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
-    return ClusterPublic(runtime=info.runtime, connected=info.connected, message=info.message,
-                         resources=info.resources, available=info.available,
-                         jobs={str(k): int(v) for k, v in counts.items()})
+    return ClusterPublic(
+        runtime=info.runtime,
+        connected=info.connected,
+        message=info.message,
+        resources=info.resources,
+        available=info.available,
+        jobs={str(k): int(v) for k, v in counts.items()},
+    )

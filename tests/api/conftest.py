@@ -41,8 +41,9 @@ class Backend:
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Backend]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Backend]:
     if request.param == "postgresql":
         reason = postgres_unavailable()
         if reason:
@@ -50,8 +51,12 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     folder: Path = tmp_path_factory.mktemp(f"api-{request.param}")
     with fresh_database(request.param, folder) as url:
         upgrade_to_head(url)
-        settings = Settings(database_url=url, state_dir=folder / "state",
-                            data_roots=[folder / "data"], max_body_bytes=64 * 1024)
+        settings = Settings(
+            database_url=url,
+            state_dir=folder / "state",
+            data_roots=[folder / "data"],
+            max_body_bytes=64 * 1024,
+        )
         db = Database(url)
         with run_server(settings) as server:
             yield Backend(request.param, url, server, UserDirectory(db), db)

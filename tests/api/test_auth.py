@@ -7,10 +7,17 @@ import pytest
 
 from tests.api.conftest import Backend
 
-ROUTES = [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/{id}"),
-          ("POST", "/v1/jobs/{id}/cancel"), ("GET", "/v1/jobs/{id}/events"),
-          ("GET", "/v1/jobs/{id}/metrics"), ("GET", "/v1/jobs/{id}/checkpoints"),
-          ("GET", "/v1/jobs/{id}/logs"), ("GET", "/v1/cluster")]
+ROUTES = [
+    ("GET", "/v1/jobs"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs/{id}"),
+    ("POST", "/v1/jobs/{id}/cancel"),
+    ("GET", "/v1/jobs/{id}/events"),
+    ("GET", "/v1/jobs/{id}/metrics"),
+    ("GET", "/v1/jobs/{id}/checkpoints"),
+    ("GET", "/v1/jobs/{id}/logs"),
+    ("GET", "/v1/cluster"),
+]
 
 
 @pytest.fixture
@@ -20,16 +27,22 @@ def owned_job(backend: Backend) -> tuple[str, str]:
         return token, c.submit({"name": "mine"})["id"]
 
 
-def _call(backend: Backend, method: str, route: str, job_id: str,
-          token: str | None) -> httpx.Response:
+def _call(
+    backend: Backend, method: str, route: str, job_id: str, token: str | None
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.request(method, backend.server.url + route.format(id=job_id), headers=headers,
-                         json={"name": "x"} if method == "POST" else None)
+    return httpx.request(
+        method,
+        backend.server.url + route.format(id=job_id),
+        headers=headers,
+        json={"name": "x"} if method == "POST" else None,
+    )
 
 
 @pytest.mark.parametrize(("method", "route"), ROUTES)
 def test_no_token_wrong_token_and_revoked_token_are_401(
-        backend: Backend, owned_job: tuple[str, str], method: str, route: str) -> None:
+    backend: Backend, owned_job: tuple[str, str], method: str, route: str
+) -> None:
     _, job_id = owned_job
     _, doomed = backend.new_user()
     token_id = next(t.id for t in backend.users.list_tokens() if doomed.startswith(t.prefix))
@@ -43,8 +56,9 @@ def test_no_token_wrong_token_and_revoked_token_are_401(
 
 
 @pytest.mark.parametrize(("method", "route"), [r for r in ROUTES if "{id}" in r[1]])
-def test_another_users_job_is_404(backend: Backend, owned_job: tuple[str, str],
-                                  method: str, route: str) -> None:
+def test_another_users_job_is_404(
+    backend: Backend, owned_job: tuple[str, str], method: str, route: str
+) -> None:
     _, job_id = owned_job
     _, stranger = backend.new_user()
     response = _call(backend, method, route, job_id, stranger)
@@ -52,8 +66,9 @@ def test_another_users_job_is_404(backend: Backend, owned_job: tuple[str, str],
     assert response.json()["error"]["code"] == "not_found"
 
 
-def test_users_list_only_their_jobs_and_admins_see_all(backend: Backend,
-                                                       owned_job: tuple[str, str]) -> None:
+def test_users_list_only_their_jobs_and_admins_see_all(
+    backend: Backend, owned_job: tuple[str, str]
+) -> None:
     owner_token, job_id = owned_job
     _, stranger = backend.new_user()
     _, admin = backend.new_user(admin=True)
@@ -73,8 +88,9 @@ def test_revoking_a_token_takes_effect_at_once(backend: Backend) -> None:
         c.list()
         token_id = next(t.id for t in backend.users.list_tokens() if token.startswith(t.prefix))
         backend.users.revoke(token_id)
-        response = httpx.get(f"{backend.server.url}/v1/jobs",
-                             headers={"Authorization": f"Bearer {token}"})
+        response = httpx.get(
+            f"{backend.server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"}
+        )
         assert response.status_code == 401
 
 

@@ -14,10 +14,17 @@ from tests.api.conftest import Backend
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 
 
-def cli(*args: str, env: dict[str, str], cwd: Path | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SHARDLINE, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200", **env}, cwd=cwd)
+def cli(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SHARDLINE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", **env},
+        cwd=cwd,
+    )
 
 
 def test_submit_list_status_cancel(backend: Backend, tmp_path: Path) -> None:
@@ -51,8 +58,9 @@ def test_errors_are_one_line_not_tracebacks(backend: Backend, tmp_path: Path) ->
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\nparallel: {dp: 3}\n")
     invalid = cli("submit", str(spec), env=env)
-    assert invalid.returncode == 2 and "train.global_batch_size=8 is not divisible" in \
-        invalid.stderr
+    assert (
+        invalid.returncode == 2 and "train.global_batch_size=8 is not divisible" in invalid.stderr
+    )
     for result in (missing, bad, down, invalid):
         assert "Traceback" not in result.stderr
 

@@ -21,8 +21,9 @@ def test_50_concurrent_submits_with_one_key_create_one_job(backend: Backend) -> 
 
     async def submit_all() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=backend.server.url, timeout=60) as http:
-            return await asyncio.gather(*[http.post("/v1/jobs", json=body, headers=headers)
-                                          for _ in range(50)])
+            return await asyncio.gather(
+                *[http.post("/v1/jobs", json=body, headers=headers) for _ in range(50)]
+            )
 
     responses = asyncio.run(submit_all())
     assert all(r.status_code in (200, 201) for r in responses), [r.text for r in responses]
@@ -37,8 +38,11 @@ def test_same_key_with_another_body_is_a_conflict(backend: Backend) -> None:
     with backend.client(token) as c:
         first = c.submit({"name": "a"}, idempotency_key="k1")
         assert c.submit({"name": "a"}, idempotency_key="k1")["id"] == first["id"]
-    response = httpx.post(f"{backend.server.url}/v1/jobs", json={"name": "b"},
-                          headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"})
+    response = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        json={"name": "b"},
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "k1"},
+    )
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "idempotency_conflict"
     # Keys are per owner: another user may use the same key for their own job.
@@ -55,13 +59,15 @@ def _race(store: JobStore, job_id: str, version: int) -> dict[str, Any]:
     def move(to: JobState) -> None:
         barrier.wait()
         try:
-            outcomes[to.value] = store.transition(job_id, to, f"race to {to.value}",
-                                                  expected_version=version).state
+            outcomes[to.value] = store.transition(
+                job_id, to, f"race to {to.value}", expected_version=version
+            ).state
         except (ConcurrentUpdate, IllegalTransition) as err:
             outcomes[to.value] = err
 
-    threads = [threading.Thread(target=move, args=(to,))
-               for to in (JobState.STARTING, JobState.CANCELLING)]
+    threads = [
+        threading.Thread(target=move, args=(to,)) for to in (JobState.STARTING, JobState.CANCELLING)
+    ]
     for t in threads:
         t.start()
     for t in threads:

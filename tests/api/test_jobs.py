@@ -29,8 +29,7 @@ def test_submitted_job_is_queued_and_readable(user_client: Callable[..., Client]
     assert c.logs(job["id"]) == []
 
 
-def test_list_filters_by_state_and_pages_with_a_cursor(user_client: Callable[..., Client]
-                                                       ) -> None:
+def test_list_filters_by_state_and_pages_with_a_cursor(user_client: Callable[..., Client]) -> None:
     c = user_client()
     ids = [c.submit({**SPEC, "name": f"page-{i}"})["id"] for i in range(5)]
     c.cancel(ids[0])
@@ -53,8 +52,9 @@ def test_cancel_a_queued_job_ends_it_with_events(user_client: Callable[..., Clie
     job = c.submit(SPEC)
     cancelled = c.cancel(job["id"])
     assert cancelled["state"] == "CANCELLED" and cancelled["finished_at"] is not None
-    moves = [(e["data"]["from"], e["data"]["to"]) for e in c.events(job["id"])
-             if e["kind"] == "state"]
+    moves = [
+        (e["data"]["from"], e["data"]["to"]) for e in c.events(job["id"]) if e["kind"] == "state"
+    ]
     assert moves == [("QUEUED", "CANCELLING"), ("CANCELLING", "CANCELLED")]
     with pytest.raises(Conflict) as err:
         c.cancel(job["id"])
@@ -68,13 +68,15 @@ def test_unknown_job_is_404_with_the_error_shape(user_client: Callable[..., Clie
 
 
 def test_cluster_says_jobs_stay_queued_without_a_runtime(
-        user_client: Callable[..., Client]) -> None:
+    user_client: Callable[..., Client],
+) -> None:
     info = user_client().cluster()
     assert info["connected"] is False and "stay QUEUED" in info["message"]
 
 
-def test_health_readiness_and_prometheus(backend: Backend, user_client: Callable[..., Client]
-                                         ) -> None:
+def test_health_readiness_and_prometheus(
+    backend: Backend, user_client: Callable[..., Client]
+) -> None:
     import httpx
 
     url = backend.server.url

@@ -14,32 +14,48 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("not utf-8", b'{"name": "\xff\xfe"}', "invalid_body"),
     ("a list", b'[{"name": "x"}]', "validation_error"),
     ("missing name", b"{}", "validation_error"),
-    ("wrong type", json.dumps({"name": "x", "train": {"steps": "many"}}).encode(),
-     "validation_error"),
-    ("negative size", json.dumps({"name": "x", "model": {"dim": -64}}).encode(),
-     "validation_error"),
-    ("unknown field", json.dumps({"name": "x", "optimizer": "sgd"}).encode(),
-     "validation_error"),
-    ("inconsistent layout", json.dumps({"name": "x", "parallel": {"dp": 3}}).encode(),
-     "validation_error"),
-    ("huge number", json.dumps({"name": "x", "train": {"steps": 10**30}}).encode(),
-     "validation_error"),
+    (
+        "wrong type",
+        json.dumps({"name": "x", "train": {"steps": "many"}}).encode(),
+        "validation_error",
+    ),
+    (
+        "negative size",
+        json.dumps({"name": "x", "model": {"dim": -64}}).encode(),
+        "validation_error",
+    ),
+    ("unknown field", json.dumps({"name": "x", "optimizer": "sgd"}).encode(), "validation_error"),
+    (
+        "inconsistent layout",
+        json.dumps({"name": "x", "parallel": {"dp": 3}}).encode(),
+        "validation_error",
+    ),
+    (
+        "huge number",
+        json.dumps({"name": "x", "train": {"steps": 10**30}}).encode(),
+        "validation_error",
+    ),
     ("infinite float", b'{"name": "x", "train": {"lr": 1e999}}', "validation_error"),
     ("null section", json.dumps({"name": "x", "model": None}).encode(), "validation_error"),
     ("bad enum", json.dumps({"name": "x", "precision": "fp64"}).encode(), "validation_error"),
-    ("data outside roots", json.dumps({"name": "x", "data": {"source": "text",
-                                                             "path": "/etc"}}).encode(),
-     "validation_error"),
+    (
+        "data outside roots",
+        json.dumps({"name": "x", "data": {"source": "text", "path": "/etc"}}).encode(),
+        "validation_error",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("label", "body", "code"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
-def test_malformed_spec_is_a_4xx_with_the_error_shape(backend: Backend, label: str,
-                                                      body: bytes, code: str) -> None:
+def test_malformed_spec_is_a_4xx_with_the_error_shape(
+    backend: Backend, label: str, body: bytes, code: str
+) -> None:
     _, token = backend.new_user()
-    response = httpx.post(f"{backend.server.url}/v1/jobs", content=body,
-                          headers={"Authorization": f"Bearer {token}",
-                                   "Content-Type": "application/json"})
+    response = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        content=body,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert error["code"] == code and error["message"]
@@ -48,15 +64,24 @@ def test_malformed_spec_is_a_4xx_with_the_error_shape(backend: Backend, label: s
 
 def test_validation_errors_name_the_field(backend: Backend) -> None:
     _, token = backend.new_user()
-    response = httpx.post(f"{backend.server.url}/v1/jobs",
-                          json={"name": "x", "model": {"n_layers": 5}, "parallel": {"pp": 2},
-                                "train": {"global_batch_size": 4}},
-                          headers={"Authorization": f"Bearer {token}"})
+    response = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        json={
+            "name": "x",
+            "model": {"n_layers": 5},
+            "parallel": {"pp": 2},
+            "train": {"global_batch_size": 4},
+        },
+        headers={"Authorization": f"Bearer {token}"},
+    )
     assert response.status_code == 422
     error = response.json()["error"]
     assert "model.n_layers=5 is not divisible by parallel.pp=2" in error["message"]
-    typed = httpx.post(f"{backend.server.url}/v1/jobs", json={"name": "x", "train": {"lr": "x"}},
-                       headers={"Authorization": f"Bearer {token}"}).json()["error"]
+    typed = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        json={"name": "x", "train": {"lr": "x"}},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["error"]
     assert typed["details"][0]["field"] == "train.lr"
 
 
@@ -72,16 +97,20 @@ def test_oversized_body_is_413(backend: Backend) -> None:
         for _ in range(100):
             yield b"x" * 1024
 
-    streamed = httpx.post(f"{backend.server.url}/v1/jobs", content=chunks(),  # type: ignore[arg-type]
-                          headers=headers)
+    streamed = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        content=chunks(),  # type: ignore[arg-type]
+        headers=headers,
+    )
     assert streamed.status_code == 413
 
 
 @pytest.mark.parametrize("query", ["state=BOGUS", "limit=0", "cursor=nonsense", "limit=x"])
 def test_bad_query_parameters_are_422(backend: Backend, query: str) -> None:
     _, token = backend.new_user()
-    response = httpx.get(f"{backend.server.url}/v1/jobs?{query}",
-                         headers={"Authorization": f"Bearer {token}"})
+    response = httpx.get(
+        f"{backend.server.url}/v1/jobs?{query}", headers={"Authorization": f"Bearer {token}"}
+    )
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "validation_error"
 

@@ -18,10 +18,14 @@ SHARDLINE = str(Path(sys.executable).parent / "shardline")
 
 
 def start(cwd: Path, port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([SHARDLINE, "serve", "--port", str(port)], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={k: v for k, v in os.environ.items()
-                                 if not k.startswith("SHARDLINE_")})
+    proc = subprocess.Popen(
+        [SHARDLINE, "serve", "--port", str(port)],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")},
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -46,8 +50,13 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
     token = token_file.read_text().strip()
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert (tmp_path / ".shardline" / "shardline.db").is_file()
-    jobs = subprocess.run([SHARDLINE, "jobs"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "SHARDLINE_PORT": str(port)})
+    jobs = subprocess.run(
+        [SHARDLINE, "jobs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SHARDLINE_PORT": str(port)},
+    )
     assert jobs.returncode == 0, jobs.stderr  # the CLI found the saved token by itself
     out = stop(first)
     assert token in out  # printed once, on first start

@@ -11,8 +11,9 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 # The PostgreSQL server of the development and CI machines (trust auth).
-PG_ADMIN_URL = os.environ.get("SHARDLINE_TEST_PG_URL",
-                              "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG_ADMIN_URL = os.environ.get(
+    "SHARDLINE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 def postgres_unavailable() -> str | None:

@@ -29,8 +29,9 @@ def run_server(settings: Settings, runtime: Runtime | None = None) -> Iterator[R
     port = free_port()
     settings = settings.model_copy(update={"port": port})
     app = create_app(settings, runtime)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -16,8 +16,16 @@ from workers.spec import JobSpec
 
 
 def loader(tokens: np.ndarray, dp_rank: int = 0, dp_size: int = 1, seed: int = 0) -> BatchLoader:
-    return BatchLoader(tokens=tokens, seq_len=8, global_batch_size=8, dp_rank=dp_rank,
-                       dp_size=dp_size, seed=seed, val_fraction=0.1, vocab_size=1 << 16)
+    return BatchLoader(
+        tokens=tokens,
+        seq_len=8,
+        global_batch_size=8,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+        val_fraction=0.1,
+        vocab_size=1 << 16,
+    )
 
 
 def test_ranks_slices_make_up_the_single_process_batch() -> None:
@@ -54,8 +62,9 @@ def test_synthetic_tokens_follow_a_learnable_permutation() -> None:
     assert tokens.max() < 64
 
 
-def test_text_folder_is_read_recursively_and_cached(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_text_folder_is_read_recursively_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
     corpus = tmp_path / "corpus"
     (corpus / "sub").mkdir(parents=True)
@@ -72,12 +81,18 @@ def test_text_folder_is_read_recursively_and_cached(tmp_path: Path,
 def test_token_bin_is_memory_mapped_and_ids_are_checked(tmp_path: Path) -> None:
     path = tmp_path / "data.bin"
     np.arange(5000, dtype=np.uint16).tofile(path)
-    spec = JobSpec.model_validate({"name": "t", "data": {"source": "tokens", "path": str(path)},
-                                   "model": {"vocab_size": 8192, "seq_len": 16}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "data": {"source": "tokens", "path": str(path)},
+            "model": {"vocab_size": 8192, "seq_len": 16},
+        }
+    )
     good = build_loader(spec, 0, 1)
     assert good.train_batch(1).shape == (8, 17)
-    small = JobSpec.model_validate({**spec.model_dump(), "model": {"vocab_size": 1000,
-                                                                   "seq_len": 16}})
+    small = JobSpec.model_validate(
+        {**spec.model_dump(), "model": {"vocab_size": 1000, "seq_len": 16}}
+    )
     with pytest.raises(ValueError, match=r"out of range for model\.vocab_size=1000"):
         build_loader(small, 0, 1).train_batch(1)
 

@@ -36,8 +36,12 @@ def test_grouped_query_attention_uses_fewer_key_value_weights() -> None:
 
 def test_parameter_count_matches_the_formula() -> None:
     a = tiny_args()
-    per_layer = (2 * a.dim * a.dim + 2 * a.dim * a.n_kv_heads * a.head_dim
-                 + 3 * a.dim * a.ffn_dim + 2 * a.dim)
+    per_layer = (
+        2 * a.dim * a.dim
+        + 2 * a.dim * a.n_kv_heads * a.head_dim
+        + 3 * a.dim * a.ffn_dim
+        + 2 * a.dim
+    )
     expected = 2 * a.vocab_size * a.dim + a.n_layers * per_layer + a.dim
     model = Transformer(a)
     assert count_params(model) == expected
@@ -49,8 +53,10 @@ def test_presets_have_their_advertised_size(preset: str, billions: float) -> Non
     resolved = JobSpec.model_validate({"name": "t", "model": {"preset": preset}}).model.resolved()
     a = ModelArgs.from_resolved(resolved)
     kv = a.n_kv_heads * a.head_dim
-    n = a.n_layers * (2 * a.dim * a.dim + 2 * a.dim * kv + 3 * a.dim * a.ffn_dim) + \
-        2 * a.vocab_size * a.dim
+    n = (
+        a.n_layers * (2 * a.dim * a.dim + 2 * a.dim * kv + 3 * a.dim * a.ffn_dim)
+        + 2 * a.vocab_size * a.dim
+    )
     assert n / 1e9 == pytest.approx(billions, rel=0.15)
 
 

@@ -74,7 +74,10 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW (fused on GPU); with zero-1 its state is partitioned across dp ranks."""
     kwargs: dict[str, Any] = {
-        "lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "fused": device.type == "cuda"
+        "lr": lr,
+        "betas": (0.9, 0.95),
+        "eps": 1e-8,
+        "fused": device.type == "cuda",
     }
     groups = _param_groups(model, weight_decay)
     if zero_stage == 1 and dp_mesh.size() > 1:

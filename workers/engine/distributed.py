@@ -35,7 +35,12 @@ def backend_for(device: torch.device) -> str:
 
 
 def init_world(
-    *, rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
+    *,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    device: torch.device,
     timeout_s: float = 300.0,
 ) -> None:
     """Join the world's process group; fails after `timeout_s` if peers never arrive."""
@@ -47,8 +52,9 @@ def init_world(
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    log.info("rank %d/%d joined via %s:%d on %s", rank, world_size, master_addr, master_port,
-             device)
+    log.info(
+        "rank %d/%d joined via %s:%d on %s", rank, world_size, master_addr, master_port, device
+    )
 
 
 def leave_world() -> None:

@@ -27,8 +27,14 @@ class TrainingFailed(RuntimeError):
     """A rank raised or died; the message carries its error."""
 
 
-def run_rank(rank: int, world_size: int, master: tuple[str, int], spec_json: str,
-             report: Report, local_ranks: int) -> None:
+def run_rank(
+    rank: int,
+    world_size: int,
+    master: tuple[str, int],
+    spec_json: str,
+    report: Report,
+    local_ranks: int,
+) -> None:
     """Body of one rank: join the world, train, report (rank 0), leave."""
     # Imported here so the parent and the spec stay free of torch until a rank starts.
     from workers.engine.distributed import (
@@ -42,8 +48,13 @@ def run_rank(rank: int, world_size: int, master: tuple[str, int], spec_json: str
     limit_cpu_threads(local_ranks)
     spec = JobSpec.model_validate_json(spec_json)
     device = pick_device(rank)
-    init_world(rank=rank, world_size=world_size, master_addr=master[0],
-               master_port=master[1], device=device)
+    init_world(
+        rank=rank,
+        world_size=world_size,
+        master_addr=master[0],
+        master_port=master[1],
+        device=device,
+    )
     try:
         sink = (lambda m: report("metrics", m)) if rank == 0 else None
         trainer = Trainer(spec, world_size=world_size, device=device, on_metrics=sink)
@@ -54,15 +65,21 @@ def run_rank(rank: int, world_size: int, master: tuple[str, int], spec_json: str
         leave_world()
 
 
-def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str,
-                  events: mp.Queue) -> None:
+def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str, events: mp.Queue) -> None:
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(message)s")
     try:
-        run_rank(rank, world_size, ("127.0.0.1", port), spec_json,
-                 lambda kind, payload: events.put((kind, payload)), world_size)
+        run_rank(
+            rank,
+            world_size,
+            ("127.0.0.1", port),
+            spec_json,
+            lambda kind, payload: events.put((kind, payload)),
+            world_size,
+        )
     except BaseException as err:
-        events.put(("error", {"rank": rank, "error": repr(err),
-                              "traceback": traceback.format_exc()}))
+        events.put(
+            ("error", {"rank": rank, "error": repr(err), "traceback": traceback.format_exc()})
+        )
         raise SystemExit(1) from err
 
 
@@ -79,8 +96,9 @@ def train_local(
     events: mp.Queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_spawned_rank, args=(r, nproc, port, spec.model_dump_json(), events),
-                    daemon=True)
+        ctx.Process(
+            target=_spawned_rank, args=(r, nproc, port, spec.model_dump_json(), events), daemon=True
+        )
         for r in range(nproc)
     ]
     for p in procs:
@@ -94,8 +112,9 @@ def train_local(
             p.join(timeout=10)
 
 
-def _collect(procs: list[Any], events: mp.Queue,
-             on_metrics: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+def _collect(
+    procs: list[Any], events: mp.Queue, on_metrics: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
     summary: dict[str, Any] | None = None
     while True:
         try:
@@ -124,5 +143,11 @@ def train_under_torchrun(spec: JobSpec, report: Report) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec.check_world_size(world)
     master = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
-    run_rank(rank, world, master, spec.model_dump_json(), report,
-             int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    run_rank(
+        rank,
+        world,
+        master,
+        spec.model_dump_json(),
+        report,
+        int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+    )

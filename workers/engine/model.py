@@ -162,7 +162,9 @@ def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
     total = sum(p.numel() for p in model.parameters())
     if exclude_embedding:
         total -= sum(
-            p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+            p.numel()
+            for m in model.modules()
+            if isinstance(m, nn.Embedding)
             for p in m.parameters()
         )
     return total

@@ -47,8 +47,6 @@ class ParallelDims:
         return f"pp={self.pp},dp={self.dp},tp={self.tp},zero={self.zero_stage}"
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        mesh = init_device_mesh(
-            device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIMS
-        )
+        mesh = init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIMS)
         log.info("built %s device mesh %s", device_type, self.describe())
         return mesh

@@ -95,8 +95,11 @@ class DynamicLossScaler:
             self.clean_steps = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "clean_steps": self.clean_steps,
-                "skipped_steps": self.skipped_steps}
+        return {
+            "scale": self.scale,
+            "clean_steps": self.clean_steps,
+            "skipped_steps": self.skipped_steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale = float(state["scale"])

@@ -31,8 +31,10 @@ def build_scheduler(
     """
     return LambdaLR(
         optimizer,
-        lambda epoch: lr_at(
-            epoch + 1, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, total_steps=total_steps
-        )
-        / lr,
+        lambda epoch: (
+            lr_at(
+                epoch + 1, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, total_steps=total_steps
+            )
+            / lr
+        ),
     )

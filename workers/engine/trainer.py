@@ -76,11 +76,18 @@ class Trainer:
             model, dp_mesh=self.dp_mesh, zero_stage=zero, device=device
         )
         self.optimizer = build_optimizer(
-            self.model, zero_stage=zero, dp_mesh=self.dp_mesh, lr=tr.lr,
-            weight_decay=tr.weight_decay, device=device,
+            self.model,
+            zero_stage=zero,
+            dp_mesh=self.dp_mesh,
+            lr=tr.lr,
+            weight_decay=tr.weight_decay,
+            device=device,
         )
         self.scheduler = build_scheduler(
-            self.optimizer, lr=tr.lr, min_lr=tr.min_lr, warmup_steps=tr.warmup_steps,
+            self.optimizer,
+            lr=tr.lr,
+            min_lr=tr.min_lr,
+            warmup_steps=tr.warmup_steps,
             total_steps=tr.steps,
         )
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
@@ -121,8 +128,8 @@ class Trainer:
         """Run optimizer step `self.step + 1`; returns its metrics."""
         step = self.step + 1
         start = time.perf_counter()
-        micro_batches = self.loader.train_batch(step).to(self.device).split(
-            self.spec.train.micro_batch_size
+        micro_batches = (
+            self.loader.train_batch(step).to(self.device).split(self.spec.train.micro_batch_size)
         )
         local_loss = torch.zeros((), device=self.device)
         for i, rows in enumerate(micro_batches):
@@ -164,8 +171,11 @@ class Trainer:
             "mem_bytes": memory,
         }
         if self.scaler.enabled:
-            metrics.update(loss_scale=self.scaler.scale, skipped=skipped,
-                           skipped_steps=self.scaler.skipped_steps)
+            metrics.update(
+                loss_scale=self.scaler.scale,
+                skipped=skipped,
+                skipped_steps=self.scaler.skipped_steps,
+            )
         return metrics
 
     def _mfu(self, tokens_per_s: float) -> float | None:
@@ -215,7 +225,7 @@ class Trainer:
 
     def _summary(self, last: dict[str, Any], step_times: list[float]) -> dict[str, Any]:
         # The first steps pay for allocation and warm-up; report the steady state.
-        steady = step_times[min(2, len(step_times) - 1):] if step_times else []
+        steady = step_times[min(2, len(step_times) - 1) :] if step_times else []
         step_time = sum(steady) / len(steady) if steady else None
         tokens_per_s = self.tokens_per_step / step_time if step_time else None
         return {
@@ -226,4 +236,3 @@ class Trainer:
             "step_time_s": step_time,
             "layout": self.layout,
         }
-

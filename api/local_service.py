@@ -1,0 +1,64 @@
+"""Running `shardline serve` as a child process, for the demo and the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from api.client import Client
+from workers.engine.distributed import free_port
+
+
+@dataclass(frozen=True)
+class LocalService:
+    url: str
+    token: str
+    log_path: Path
+
+    def client(self) -> Client:
+        return Client(self.url, self.token)
+
+
+@contextmanager
+def local_service(state_dir: Path, startup_timeout_s: float = 180.0) -> Iterator[LocalService]:
+    """`shardline serve` on its embedded defaults under `state_dir`; stopped on exit."""
+    port = free_port()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = state_dir / "serve.log"
+    env = {**os.environ, "SHARDLINE_STATE_DIR": str(state_dir), "SHARDLINE_PORT": str(port)}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "shardline"), "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"shardline serve did not start; see {log_path}")
+            time.sleep(0.3)
+        token = (state_dir / "admin-token").read_text().strip()
+        yield LocalService(url, token, log_path)
+    finally:
+        proc.send_signal(signal.SIGINT)  # serve stops its local Ray head when no job runs
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

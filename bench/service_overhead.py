@@ -1,0 +1,97 @@
+"""The same spec through the service (REST -> Ray actors) and through `shardline train`.
+
+Prints one JSON line: both steady-state step times (as rank 0 measures them), their ratio,
+the time from submit to the first completed step, and both runs' wall-clock times.
+
+    .venv/bin/python -m bench.service_overhead [SPEC.yaml]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from api.local_service import local_service
+from workers.engine.launch import train_local
+from workers.spec import load_spec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
+
+
+def steady(step_times: list[float]) -> float:
+    """Mean step time without the first two steps (allocation, warm-up)."""
+    return mean(step_times[2:] if len(step_times) > 3 else step_times)
+
+
+def through_service(spec_path: Path) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
+        local_service(Path(state)) as svc,
+        svc.client() as client,
+    ):
+        submitted = time.monotonic()
+        job = client.submit(spec_path)
+        first_step_s = None
+        while True:
+            current = client.get(job["id"])
+            if first_step_s is None and current["step"] >= 1:
+                first_step_s = time.monotonic() - submitted
+            if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(0.1)
+        wall_s = time.monotonic() - submitted
+        if current["state"] != "SUCCEEDED":
+            raise RuntimeError(f"job ended {current['state']}: {current['failure_reason']}")
+        rows = client.metrics(job["id"])
+    return {
+        "step_time_s": steady([r["step_time_s"] for r in rows]),
+        "submit_to_first_step_s": first_step_s,
+        "wall_s": wall_s,
+        "final_loss": rows[-1]["loss"],
+    }
+
+
+def through_train(spec_path: Path) -> dict[str, Any]:
+    spec = load_spec(spec_path)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    summary = train_local(spec, spec.parallel.world_size, on_metrics=rows.append)
+    return {
+        "step_time_s": steady([r["step_time_s"] for r in rows]),
+        "wall_s": time.monotonic() - started,
+        "final_loss": summary["final_loss"],
+    }
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    spec_path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_SPEC
+    train = through_train(spec_path)
+    service = through_service(spec_path)
+    print(
+        json.dumps(
+            {
+                "spec": str(spec_path),
+                "service_step_time_s": round(service["step_time_s"], 4),
+                "train_step_time_s": round(train["step_time_s"], 4),
+                "step_time_ratio": round(service["step_time_s"] / train["step_time_s"], 3),
+                "submit_to_first_step_s": round(service["submit_to_first_step_s"], 2),
+                "service_wall_s": round(service["wall_s"], 2),
+                "train_wall_s": round(train["wall_s"], 2),
+                "same_final_loss": abs(service["final_loss"] - train["final_loss"])
+                <= 1e-5 * abs(train["final_loss"]),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The whole service: a real local Ray cluster, a real database and the real server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+from api.client import Client
+from service.config import Settings
+from service.db import Database
+from service.local_ray import LocalRay, start_local_ray
+from service.migrate import upgrade_to_head
+from service.ray_runtime import RayRuntime
+from service.store import JobStore
+from service.users import UserDirectory
+from tests.support.databases import fresh_database, postgres_unavailable
+from tests.support.server import RunningServer, run_server
+from workers.actors import NAMESPACE
+from workers.worker_group import placement_group_name
+
+# Logical CPUs: an 8-rank CPU job fits a 2-core machine.
+CLUSTER_CPUS = 8
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
+    head = start_local_ray(tmp_path_factory.mktemp("ray-state"), CLUSTER_CPUS)
+    try:
+        yield head
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        head.stop()
+
+
+@dataclass
+class Service:
+    settings: Settings
+    database_url: str
+    ray_address: str
+    token: str
+
+    @contextmanager
+    def running(self) -> Iterator[RunningServer]:
+        """Start the control plane (it can be stopped and started again)."""
+        db = Database(self.database_url)
+        runtime = RayRuntime(self.settings, JobStore(db), self.ray_address)
+        try:
+            with run_server(self.settings, runtime) as server:
+                yield server
+        finally:
+            db.dispose()
+
+    def client(self, server: RunningServer) -> Client:
+        return Client(server.url, self.token)
+
+
+@pytest.fixture
+def service(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> Callable[..., AbstractContextManager[Service]]:
+    @contextmanager
+    def make(database: str = "sqlite") -> Iterator[Service]:
+        if database == "postgresql" and (reason := postgres_unavailable()):
+            pytest.skip(reason)
+        with fresh_database(database, tmp_path) as url:
+            upgrade_to_head(url)
+            db = Database(url)
+            users = UserDirectory(db)
+            token = users.issue_token(users.ensure_user(f"e2e-{uuid.uuid4().hex[:6]}"), "e2e").token
+            db.dispose()
+            settings = Settings(
+                database_url=url,
+                state_dir=tmp_path / "state",
+                storage_root=tmp_path / "storage",
+                data_roots=[tmp_path],
+                ray_address=ray_cluster.address,
+            )
+            yield Service(settings, url, ray_cluster.address, token)
+
+    return make
+
+
+def leftovers(address: str, job_id: str) -> dict[str, Any]:
+    """The job's actors and placement groups that Ray still holds."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    actors = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if job_id in a["name"]
+    ]
+    groups = [
+        g["state"]
+        for g in placement_group_table().values()
+        if g["name"] == placement_group_name(job_id) and g["state"] != "REMOVED"
+    ]
+    return {"actors": actors, "placement_groups": groups}

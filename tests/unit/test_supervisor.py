@@ -1,0 +1,143 @@
+"""The supervisor's state machine, driven step by step against a fake worker group."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import workers.supervisor as supervisor_module
+from workers.failure_policy import FailurePolicy
+from workers.progress import ProgressBuffer
+from workers.spec import JobSpec
+from workers.supervisor import JobSupervisor, SupervisorState
+
+
+class FakeWorkers:
+    """Scripted polls: each call to poll() returns the next list of statuses."""
+
+    def __init__(self, polls: list[list[dict[str, Any]]]) -> None:
+        self.polls = polls
+        self.log: list[str] = []
+
+    def reserve(self, timeout_s: float) -> list[str]:
+        self.log.append("reserve")
+        return ["node-a", "node-a"]
+
+    def start(self, join_timeout_s: float) -> None:
+        self.log.append("start")
+
+    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+        return self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
+
+    def request_stop(self) -> None:
+        self.log.append("stop")
+
+    def kill_workers(self) -> None:
+        self.log.append("kill")
+
+    def release(self) -> None:
+        self.log.append("release")
+
+
+def status(
+    rank: int,
+    phase: str,
+    step: int,
+    metrics: list[int] | None = None,
+    last_progress: float | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "phase": phase,
+        "step": step,
+        "loss": 1.0,
+        "last_progress": time.time() if last_progress is None else last_progress,
+        "error": error,
+        "metrics": [{"step": s, "loss": 1.0} for s in metrics or []],
+        "summary": {"final_loss": 1.0} if phase == "done" else None,
+    }
+
+
+def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
+    spec = JobSpec.model_validate(
+        {"name": "s", "parallel": {"dp": 2}, "fault_tolerance": {"max_failures": 1, **ft}}
+    )
+    return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+
+
+@pytest.fixture(autouse=True)
+def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)
+    monkeypatch.setattr(FailurePolicy, "decide", _no_backoff(FailurePolicy.decide))
+
+
+def _no_backoff(decide: Any) -> Any:
+    def wrapped(self: FailurePolicy, failures: int, error: str) -> Any:
+        d = decide(self, failures, error)
+        return type(d)(d.retry, d.reason, 0.0)
+
+    return wrapped
+
+
+def states(buffer: ProgressBuffer) -> list[str]:
+    return [e["state"] for e in buffer.after(0) if e["kind"] == "state"]
+
+
+def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
+    workers = FakeWorkers(
+        [
+            [status(0, "training", 1, [1]), status(1, "training", 1)],
+            [status(0, "training", 2, [2]), status(1, "training", 2)],
+            [status(0, "done", 2), status(1, "done", 2)],
+        ]
+    )
+    sup = make(tmp_path, workers)
+    assert sup.run() == SupervisorState.SUCCEEDED
+    entries = sup.buffer.after(0)
+    assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
+    assert [e["step"] for e in entries if e["kind"] == "metrics"] == [1, 2]
+    assert states(sup.buffer) == ["RUNNING", "SUCCEEDED"]
+    assert workers.log == ["reserve", "start", "release"]
+    assert (tmp_path / "job1" / "spec.json").is_file()
+    assert sup.read(len(entries))["entries"] == []
+
+
+def test_a_failed_rank_restarts_then_gives_up_after_max_failures(tmp_path: Path) -> None:
+    boom = [status(0, "training", 1, [1]), status(1, "failed", 0, error="rank 1: boom")]
+    sup = make(tmp_path, FakeWorkers([boom]))
+    assert sup.run() == SupervisorState.FAILED
+    assert states(sup.buffer) == ["RUNNING", "RESTARTING", "RUNNING", "FAILED"]
+    final = [e for e in sup.buffer.after(0) if e["kind"] == "state"][-1]
+    assert "rank 1: boom" in final["reason"] and "max_failures=1" in final["reason"]
+    # Step 1's metrics were sent before the restart and not again after it.
+    assert [e["step"] for e in sup.buffer.after(0) if e["kind"] == "metrics"] == [1]
+
+
+def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
+    stale = time.time() - 100
+    polls = [
+        [
+            status(0, "training", 5, last_progress=stale),
+            status(1, "training", 3, last_progress=stale),
+        ]
+    ]
+    sup = make(tmp_path, FakeWorkers(polls), hang_timeout_s=10, max_failures=0)
+    assert sup.run() == SupervisorState.FAILED
+    failure = next(
+        e
+        for e in sup.buffer.after(0)
+        if e["kind"] == "event" and e["message"].startswith("failure")
+    )
+    assert "no progress for 10s on rank(s) [1]" in failure["message"]
+
+
+def test_cancel_stops_and_releases(tmp_path: Path) -> None:
+    workers = FakeWorkers([[status(0, "stopped", 3), status(1, "stopped", 3)]])
+    sup = make(tmp_path, workers)
+    sup.cancel()
+    assert sup.run() == SupervisorState.CANCELLED
+    assert workers.log == ["stop", "release"]
