@@ -102,3 +102,28 @@ def test_too_little_data_is_a_clear_error() -> None:
         loader(np.zeros(8, dtype=np.uint16))
     with pytest.raises(ValueError, match=r"held-out split has 4 tokens; raise data\.val_fraction"):
         loader(np.zeros(44, dtype=np.uint16))
+
+
+def test_text_with_a_local_tokenizer_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from workers.engine.tokenizer import load_tokenizer
+
+    monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    text = "the cat sat on the mat. the dog sat on the log.\n" * 20
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"]))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+
+    loaded = load_tokenizer(str(path))
+    tokens = text_tokens(corpus, loaded, 256)
+    assert tokens.tolist() == tok.encode(text + "\n").ids
+    assert int(tokens.max()) < loaded.vocab_size <= 60
+    with pytest.raises(ValueError, match=r"model\.vocab_size=8 is smaller than the tokenizer"):
+        text_tokens(corpus, loaded, 8)
+    with pytest.raises(FileNotFoundError, match="no tokenizer file"):
+        load_tokenizer(str(tmp_path / "missing.json"))

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.engine.accounting import memory_held, peak_flops
+from workers.engine.activation_checkpointing import apply_activation_checkpointing
 from workers.engine.data import build_loader
 from workers.engine.data_parallel import apply_data_parallel, build_optimizer
 from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
@@ -72,6 +73,9 @@ class Trainer:
         self.flops_per_token = flops_per_token(args, count_params(model, exclude_embedding=True))
         self.tokens_per_step = tr.global_batch_size * args.seq_len
         zero = self.dims.effective_zero_stage
+        # Order matters (torchtitan's): activation checkpointing wraps whole blocks before
+        # data parallelism shards them.
+        apply_activation_checkpointing(model, mode=tr.activation_checkpointing)
         self.model = apply_data_parallel(
             model, dp_mesh=self.dp_mesh, zero_stage=zero, device=device
         )
