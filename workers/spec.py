@@ -241,6 +241,18 @@ class JobSpec(_Strict):
                 f"per step but train.global_batch_size / (micro_batch_size x dp) = "
                 f"{self.accumulation_steps}; raise global_batch_size or lower micro_batch_size"
             )
+        if par.zero_stage == 1 and par.tp > 1 and par.dp > 1:
+            raise ValueError(
+                "parallel.zero_stage=1 cannot be combined with parallel.tp > 1 (the ZeRO-1 "
+                "optimizer does not take tensor-parallel parameters); use zero_stage 0, 2 or 3"
+            )
+        interleaved = par.pp_schedule == PipelineSchedule.interleaved_1f1b
+        if par.pp > 1 and interleaved and self.accumulation_steps % par.pp:
+            raise ValueError(
+                f"with parallel.pp_schedule='interleaved_1f1b' the micro-batches per step "
+                f"({self.accumulation_steps}) must be a multiple of parallel.pp={par.pp}; "
+                "change global_batch_size or micro_batch_size"
+            )
         if (
             self.data.source == DataSource.text
             and self.data.tokenizer == "byte"

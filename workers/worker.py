@@ -86,7 +86,7 @@ class TrainingWorker:
         self._thread.start()
 
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
-        from workers.engine.distributed import init_world, leave_world, pick_device
+        from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
         from workers.engine.trainer import Trainer
 
         try:
@@ -116,6 +116,7 @@ class TrainingWorker:
             log.info("rank %d finished: %s", self.rank, summary)
             leave_world()
         except BaseException as err:  # reported through poll(), never lost in a thread
+            abandon_world()
             with self._lock:
                 self._error = f"{type(err).__name__}: {err}"
                 self._phase = "failed"

@@ -28,9 +28,9 @@ def test_mixed_precision_trains_across_data_parallel_ranks(precision: str) -> No
 def test_fp16_skips_a_step_with_an_inf_and_backs_off(one_rank_world: torch.device) -> None:
     poisoned_step = 4
 
-    def poison(step: int, model: nn.Module) -> None:
+    def poison(step: int, parts: list[nn.Module]) -> None:
         if step == poisoned_step:
-            grad = next(iter(model.parameters())).grad
+            grad = next(iter(parts[0].parameters())).grad
             assert grad is not None
             grad.view(-1)[0] = math.inf
 

@@ -36,7 +36,7 @@ def test_train_writes_metrics_and_ends_with_the_summary(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(summary) == {"final_loss", "steps", "tokens_per_s", "mfu", "step_time_s",
-                            "layout"}
+                            "layout", "peak_mem_bytes"}
     assert summary["steps"] == 6 and summary["mfu"] is None  # no MFU on CPU
     assert summary["layout"] == "pp=1,dp=2,tp=1,zero=1,fp32"
     rows = [json.loads(line) for line in out.read_text().splitlines()]

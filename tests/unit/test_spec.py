@@ -133,3 +133,29 @@ def test_world_size_must_match_the_layout() -> None:
             parallel={"dp": 2, "tp": 3},
             model={"n_heads": 6, "n_kv_heads": 6, "dim": 192, "vocab_size": 258},
         ).check_world_size(4)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (
+            {
+                "parallel": {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+                "train": {"global_batch_size": 6, "micro_batch_size": 2},
+            },
+            "the micro-batches per step (3) must be a multiple of parallel.pp=2",
+        ),
+        (
+            {"parallel": {"dp": 2, "tp": 2, "zero_stage": 1}},
+            "parallel.zero_stage=1 cannot be combined with parallel.tp > 1",
+        ),
+        (
+            {"model": {"n_kv_heads": 1}, "parallel": {"tp": 2}},
+            "parallel.tp=2 must divide model.n_heads=4 and model.n_kv_heads=1",
+        ),
+    ],
+)
+def test_layout_rules_for_tensor_and_pipeline_parallel(
+    sections: dict[str, Any], message: str
+) -> None:
+    assert message in rejected(**sections)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
 from torch.distributed.tensor import DTensor
 
 # bf16 dense peak FLOP/s per device (vendor datasheets, without sparsity).
@@ -36,9 +35,9 @@ def _optimizer_states(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor
                 yield _local(value)
 
 
-def memory_held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def memory_held(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state right now."""
-    params = list(model.parameters())
+    params = list(params)
     return {
         "params": _bytes(_local(p) for p in params),
         "grads": _bytes(_local(p.grad) for p in params if p.grad is not None),

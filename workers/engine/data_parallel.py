@@ -16,21 +16,64 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
 
 
+def syncs_grads_after_backward(*, dp: int, zero_stage: int, pp: int, tp: int) -> bool:
+    """Whether replicated gradients are all-reduced by `all_reduce_grads` after backward
+    instead of by DDP during it. DDP's reducer cannot follow a pipeline schedule's
+    interleaved micro-batches, and does not take DTensor (tensor-parallel) parameters."""
+    return dp > 1 and zero_stage <= 1 and (pp > 1 or tp > 1)
+
+
+def all_reduce_grads(params: Iterable[nn.Parameter], dp_mesh: DeviceMesh) -> None:
+    """Average this rank's gradients over data-parallel ranks, in one flat collective."""
+    grads = [
+        p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        for p in params
+        if p.grad is not None
+    ]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=dp_mesh.get_group())
+    flat /= dp_mesh.size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 def apply_data_parallel(
-    model: nn.Module, *, dp_mesh: DeviceMesh, zero_stage: int, device: torch.device
+    model: nn.Module,
+    *,
+    dp_mesh: DeviceMesh,
+    zero_stage: int,
+    device: torch.device,
+    sync_after_backward: bool = False,
 ) -> nn.Module:
-    """Wrap or shard `model` over `dp_mesh`; returns the module to call for training."""
+    """Wrap or shard `model` over `dp_mesh`; returns the module to call for training.
+
+    With `sync_after_backward` (see `syncs_grads_after_backward`) replicated stages are
+    left unwrapped and the caller all-reduces their gradients.
+    """
     dp = dp_mesh.size()
     if dp == 1:
+        return model
+    if zero_stage <= 1 and sync_after_backward:
+        log.info(
+            "data parallel over dp=%d (zero-%d): gradients all-reduced after backward",
+            dp,
+            zero_stage,
+        )
         return model
     if zero_stage <= 1:
         wrapped = DistributedDataParallel(

@@ -58,12 +58,19 @@ def init_world(
 
 
 def leave_world() -> None:
-    """Wait for every rank, then tear the process group down (never mid-collective)."""
+    """After success: wait for every rank, then tear the process group down."""
     if dist.is_initialized():
         try:
             dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def abandon_world() -> None:
+    """After a failure: tear down without a barrier (peers may be stuck or gone), so the
+    original error is reported at once instead of a collective timeout."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def limit_cpu_threads(ranks_on_this_host: int) -> None:

@@ -38,6 +38,7 @@ def run_rank(
     """Body of one rank: join the world, train, report (rank 0), leave."""
     # Imported here so the parent and the spec stay free of torch until a rank starts.
     from workers.engine.distributed import (
+        abandon_world,
         init_world,
         leave_world,
         limit_cpu_threads,
@@ -59,10 +60,12 @@ def run_rank(
         sink = (lambda m: report("metrics", m)) if rank == 0 else None
         trainer = Trainer(spec, world_size=world_size, device=device, on_metrics=sink)
         summary = trainer.train()
-        if rank == 0:
-            report("summary", summary)
-    finally:
-        leave_world()
+    except BaseException:
+        abandon_world()
+        raise
+    leave_world()
+    if rank == 0:
+        report("summary", summary)
 
 
 def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str, events: mp.Queue) -> None:

@@ -82,7 +82,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Tables cover seq_len; this batch may be shorter.
+        q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
@@ -147,9 +148,9 @@ class Transformer(nn.Module):
         the output head returns them.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        seq = h.shape[1]
-        rope_cos, rope_sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
-        cos, sin = rope_cos[:seq], rope_sin[:seq]
+        # Full tables: with sequence parallelism h is split along the sequence here, and
+        # attention (which sees the whole sequence) slices them.
+        cos, sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:

@@ -43,6 +43,14 @@ class ParallelDims:
         """ZeRO shards across data-parallel ranks; with one there is nothing to shard."""
         return self.zero_stage if self.dp > 1 else 0
 
+    @property
+    def syncs_grads_after_backward(self) -> bool:
+        from workers.engine.data_parallel import syncs_grads_after_backward
+
+        return syncs_grads_after_backward(
+            dp=self.dp, zero_stage=self.effective_zero_stage, pp=self.pp, tp=self.tp
+        )
+
     def describe(self) -> str:
         return f"pp={self.pp},dp={self.dp},tp={self.tp},zero={self.zero_stage}"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,17 +17,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.engine.accounting import memory_held, peak_flops
-from workers.engine.activation_checkpointing import apply_activation_checkpointing
 from workers.engine.data import build_loader
-from workers.engine.data_parallel import apply_data_parallel, build_optimizer
-from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
+from workers.engine.data_parallel import all_reduce_grads, build_optimizer
+from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
+from workers.engine.loss import cross_entropy, loss_context, plain
 from workers.engine.parallel import ParallelDims
+from workers.engine.parts import build_model_parts
+from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import build_scheduler
 from workers.spec import JobSpec, Precision
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 MetricsSink = Callable[[dict[str, Any]], None]
 # Called after backward and before the optimizer step; tests use it to inject faults.
-GradHook = Callable[[int, nn.Module], None]
+GradHook = Callable[[int, list[nn.Module]], None]
 
 
 class Trainer:
@@ -57,31 +58,15 @@ class Trainer:
         self.on_step = on_step
         self.grad_hook = grad_hook
         self.dims = ParallelDims.from_spec(spec.parallel, world_size)
-        if self.dims.tp > 1 or self.dims.pp > 1:
-            raise ValueError(
-                f"parallel: tp={self.dims.tp}, pp={self.dims.pp}: tensor and pipeline "
-                "parallelism are not in this engine yet; use tp=1 and pp=1"
-            )
         mesh = self.dims.build_mesh(device.type)
-        self.dp_mesh = mesh["dp"]
+        self.dp_mesh, self.pp_mesh = mesh["dp"], mesh["pp"]
         tr = spec.train
 
-        # Same seed on every rank: identical initial weights without a broadcast.
-        torch.manual_seed(tr.seed)
-        args = ModelArgs.from_resolved(spec.model.resolved())
-        model = Transformer(args).to(device)
-        self.flops_per_token = flops_per_token(args, count_params(model, exclude_embedding=True))
-        self.tokens_per_step = tr.global_batch_size * args.seq_len
-        zero = self.dims.effective_zero_stage
-        # Order matters (torchtitan's): activation checkpointing wraps whole blocks before
-        # data parallelism shards them.
-        apply_activation_checkpointing(model, mode=tr.activation_checkpointing)
-        self.model = apply_data_parallel(
-            model, dp_mesh=self.dp_mesh, zero_stage=zero, device=device
-        )
+        self.parts = build_model_parts(spec, dims=self.dims, mesh=mesh, device=device)
+        self.tokens_per_step = tr.global_batch_size * spec.model.resolved()["seq_len"]
         self.optimizer = build_optimizer(
-            self.model,
-            zero_stage=zero,
+            nn.ModuleList(self.parts.modules),
+            zero_stage=self.dims.effective_zero_stage,
             dp_mesh=self.dp_mesh,
             lr=tr.lr,
             weight_decay=tr.weight_decay,
@@ -95,6 +80,17 @@ class Trainer:
             total_steps=tr.steps,
         )
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
+        self.pipeline = None
+        if self.dims.pp > 1:
+            self.pipeline = build_schedule(
+                list(zip(self.parts.stage_ids, self.parts.modules, strict=True)),
+                pp_mesh=self.pp_mesh,
+                num_stages=self.parts.num_stages,
+                n_microbatches=spec.accumulation_steps,
+                schedule=spec.parallel.pp_schedule,
+                loss_fn=self._pipeline_loss,
+                device=device,
+            )
         self.loader = build_loader(
             spec, dp_rank=self.dp_mesh.get_local_rank(), dp_size=self.dims.dp
         )
@@ -103,61 +99,104 @@ class Trainer:
         self.peak_flops = peak_flops(device)
         self.layout = f"{self.dims.describe()},{spec.precision.value}"
 
-    # -- one optimizer step -------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The model, where this rank holds it in one piece (no pipeline)."""
+        if len(self.parts.modules) != 1:
+            raise AttributeError("with pipeline parallelism use trainer.parts.modules")
+        return self.parts.modules[0]
+
+    # -- forward and backward ----------------------------------------------------------
 
     @contextmanager
     def _grad_sync(self, sync: bool) -> Iterator[None]:
         # DDP all-reduces only on the last micro-batch. FSDP reduce-scatters every
-        # micro-batch, which keeps gradients sharded the whole time.
-        if not sync and isinstance(self.model, DistributedDataParallel):
-            with self.model.no_sync():
+        # micro-batch, which keeps gradients sharded the whole time. (Pipeline stages
+        # handle this themselves.)
+        model = self.parts.modules[0]
+        if not sync and isinstance(model, DistributedDataParallel):
+            with model.no_sync():
                 yield
         else:
             yield
 
-    def _loss(self, rows: torch.Tensor) -> torch.Tensor:
-        inputs, targets = rows[:, :-1], rows[:, 1:]
-        with autocast(self.spec.precision, self.device):
-            logits = self.model(inputs)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale_loss(cross_entropy(output, targets))
 
-    def _mean_over_dp(self, value: torch.Tensor) -> float:
+    def _forward_backward(self, rows: torch.Tensor) -> torch.Tensor:
+        """Forward and backward over this rank's rows; returns their mean loss (unscaled).
+
+        On pipeline ranks without the last stage the returned loss is 0: the loss is
+        known only where the logits are.
+        """
+        micro = self.spec.train.micro_batch_size
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        with loss_context(self.dims.tp > 1), autocast(self.spec.precision, self.device):
+            if self.pipeline is not None:
+                return self._pipeline_run(self.pipeline.step, inputs, targets)
+            total = torch.zeros((), device=self.device)
+            n = rows.shape[0] // micro
+            for i in range(n):
+                with self._grad_sync(sync=i == n - 1):
+                    chunk = slice(i * micro, (i + 1) * micro)
+                    loss = cross_entropy(self.parts.modules[0](inputs[chunk]), targets[chunk]) / n
+                    self.scaler.scale_loss(loss).backward()
+                total += plain(loss.detach())
+            return total
+
+    def _pipeline_run(
+        self, run: Callable[..., Any], inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        losses: list[torch.Tensor] | None = [] if self.parts.has_last_stage else None
+        target = targets if self.parts.has_last_stage else None
+        if self.parts.has_first_stage:
+            run(inputs, target=target, losses=losses)
+        else:
+            run(target=target, losses=losses)
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([plain(v.detach()).float() for v in losses]).mean() / self.scaler.scale
+
+    def _global_mean(self, local: torch.Tensor) -> float:
+        """A loss known on the last pipeline stage, averaged over data-parallel ranks."""
+        value = local.detach().clone().float()
+        if self.dims.pp > 1:
+            dist.all_reduce(value, group=self.pp_mesh.get_group())
         if self.dims.dp > 1:
-            value = value.clone()
             dist.all_reduce(value, group=self.dp_mesh.get_group())
             value /= self.dims.dp
         return float(value.item())
+
+    # -- one optimizer step -------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
         """Run optimizer step `self.step + 1`; returns its metrics."""
         step = self.step + 1
         start = time.perf_counter()
-        micro_batches = (
-            self.loader.train_batch(step).to(self.device).split(self.spec.train.micro_batch_size)
-        )
-        local_loss = torch.zeros((), device=self.device)
-        for i, rows in enumerate(micro_batches):
-            with self._grad_sync(sync=i == len(micro_batches) - 1):
-                loss = self._loss(rows) / len(micro_batches)
-                self.scaler.scale_loss(loss).backward()
-            local_loss += loss.detach()
+        local_loss = self._forward_backward(self.loader.train_batch(step).to(self.device))
+        if self.dims.syncs_grads_after_backward:
+            all_reduce_grads(self.parts.parameters(), self.dp_mesh)
         if self.grad_hook is not None:
-            self.grad_hook(step, self.model)
+            self.grad_hook(step, self.parts.modules)
 
-        params = list(self.model.parameters())
+        params = self.parts.parameters()
+        settle_partial_grads(params)
         skipped = self.scaler.unscale_and_check(params)
         grad_norm = math.nan
         if not skipped:
-            clip = self.spec.train.grad_clip or math.inf
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
-            grad_norm = float((norm.full_tensor() if isinstance(norm, DTensor) else norm).item())
+            grad_norm = clip_grad_norm(
+                params,
+                self.spec.train.grad_clip or math.inf,
+                stage_ranks=self.dims.dp * self.dims.tp,
+            )
             self.optimizer.step()
         self.scaler.update(skipped)
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        memory = memory_held(self.model, self.optimizer)
+        logged = self._should_log(step)
+        memory = self._max_over_world(memory_held(params, self.optimizer)) if logged else None
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = self._mean_over_dp(local_loss)
+        loss_value = self._global_mean(local_loss)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - start
@@ -172,8 +211,9 @@ class Trainer:
             "tokens_per_s": tokens_per_s,
             "step_time_s": step_time,
             "mfu": self._mfu(tokens_per_s),
-            "mem_bytes": memory,
         }
+        if memory is not None:
+            metrics["mem_bytes"] = memory
         if self.scaler.enabled:
             metrics.update(
                 loss_scale=self.scaler.scale,
@@ -182,22 +222,35 @@ class Trainer:
             )
         return metrics
 
+    def _max_over_world(self, values: dict[str, int]) -> dict[str, int]:
+        """The most any rank holds, per kind (ranks differ under pp and uneven ZeRO-1)."""
+        if not dist.is_initialized() or self.dims.world_size == 1:
+            return values
+        t = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return dict(zip(values, (int(v) for v in t.tolist()), strict=True))
+
     def _mfu(self, tokens_per_s: float) -> float | None:
         if self.peak_flops is None:
             return None
-        return self.flops_per_token * tokens_per_s / (self.peak_flops * self.dims.world_size)
+        return self.parts.flops_per_token * tokens_per_s / (self.peak_flops * self.dims.world_size)
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the fixed held-out batches, across all dp ranks."""
-        self.model.eval()
-        losses = [
-            self._loss(rows)
-            for batch in self.val_batches
-            for rows in batch.to(self.device).split(self.spec.train.micro_batch_size)
-        ]
-        self.model.train()
-        return self._mean_over_dp(torch.stack(losses).mean())
+        """Mean loss over the fixed held-out batches, across the whole world."""
+        self.parts.train(False)
+        losses = []
+        for batch in self.val_batches:
+            rows = batch.to(self.device)
+            with loss_context(self.dims.tp > 1), autocast(self.spec.precision, self.device):
+                if self.pipeline is not None:
+                    losses.append(self._pipeline_run(self.pipeline.eval, rows[:, :-1], rows[:, 1:]))
+                    continue
+                for chunk in rows.split(self.spec.train.micro_batch_size):
+                    logits = self.parts.modules[0](chunk[:, :-1])
+                    losses.append(plain(cross_entropy(logits, chunk[:, 1:])))
+        self.parts.train(True)
+        return self._global_mean(torch.stack(losses).mean())
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -227,6 +280,14 @@ class Trainer:
                 self.on_step(self.step)
         return self._summary(last, step_times)
 
+    def _peak_memory(self) -> int:
+        """The most memory any rank used: allocated GPU memory, or resident set on CPU."""
+        if self.device.type == "cuda":
+            own = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return self._max_over_world({"peak": own})["peak"]
+
     def _summary(self, last: dict[str, Any], step_times: list[float]) -> dict[str, Any]:
         # The first steps pay for allocation and warm-up; report the steady state.
         steady = step_times[min(2, len(step_times) - 1) :] if step_times else []
@@ -239,4 +300,5 @@ class Trainer:
             "mfu": self._mfu(tokens_per_s) if tokens_per_s else None,
             "step_time_s": step_time,
             "layout": self.layout,
+            "peak_mem_bytes": self._peak_memory(),
         }

@@ -1,0 +1,67 @@
+"""Tensor and pipeline parallelism, composed with data parallel and ZeRO: every layout
+trains exactly like one process (same losses, grad norms and validation losses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.dist.runs import run, tiny_spec
+
+# The tiny preset splits: 4 heads and 2 kv heads over tp=2, 4 layers over up to 4 stages.
+TRAIN = {"eval_every": 5}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp2": {"tp": 2},
+    "pp2-gpipe": {"pp": 2, "pp_schedule": "gpipe"},
+    "pp2-1f1b": {"pp": 2, "pp_schedule": "1f1b"},
+    "pp2-interleaved-v2": {"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
+    "dp2-tp2-zero3": {"dp": 2, "tp": 2, "zero_stage": 3},
+    "pp2-dp2-zero1": {"pp": 2, "dp": 2, "zero_stage": 1},
+    "pp2-tp2": {"pp": 2, "tp": 2},
+    "pp2-dp2-tp2-zero2": {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 2},
+    "tp2-sequence-parallel": {"tp": 2, "sequence_parallel": True},
+    "dp2-tp2-zero0": {"dp": 2, "tp": 2, "zero_stage": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def single_process() -> list[dict[str, Any]]:
+    return run(tiny_spec(train=TRAIN))[0]
+
+
+def assert_same_training(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) -> None:
+    assert [m["step"] for m in ours] == [m["step"] for m in ref] == list(range(1, 11))
+    for got, want in zip(ours, ref, strict=True):
+        step = got["step"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4), f"loss, step {step}"
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4), f"norm {step}"
+        assert ("val_loss" in got) == ("val_loss" in want)
+        if "val_loss" in want:
+            assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4), f"val {step}"
+    assert ours[-1]["loss"] < ours[0]["loss"] * 0.9
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_single_process(layout: str, single_process: list[dict[str, Any]]
+                                       ) -> None:
+    metrics, summary = run(tiny_spec(parallel=LAYOUTS[layout], train=TRAIN))
+    assert_same_training(metrics, single_process)
+    assert summary["final_loss"] == metrics[-1]["loss"]
+    assert summary["steps"] == 10 and summary["tokens_per_s"] > 0
+
+
+def test_activation_checkpointing_full_with_tensor_and_data_parallel(
+        single_process: list[dict[str, Any]]) -> None:
+    metrics, _ = run(tiny_spec(parallel={"dp": 2, "tp": 2, "zero_stage": 3},
+                               train={**TRAIN, "activation_checkpointing": "full"}))
+    assert_same_training(metrics, single_process)
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}])
+def test_tensor_and_pipeline_parallel_halve_parameter_bytes(
+        layout: dict[str, int], single_process: list[dict[str, Any]]) -> None:
+    metrics, _ = run(tiny_spec(parallel=layout, train={"steps": 3, "warmup_steps": 1}))
+    # mem_bytes is the most any rank holds.
+    held = metrics[-1]["mem_bytes"]["params"]
+    assert held <= 0.55 * single_process[-1]["mem_bytes"]["params"]

@@ -1,0 +1,64 @@
+"""Gradient clipping by the true global norm, whatever the layout.
+
+Each rank holds some gradients whole (replicated over dp and/or tp) and some as shards
+(FSDP over dp, tensor parallel over tp); pipeline stages hold disjoint parameters. The
+squared norm is summed over the whole world once, with each local contribution divided by
+the number of ranks of its pipeline stage that hold an identical copy, so every gradient
+element counts exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+
+
+def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """Reduce gradients DTensor left as partial sums (the norm weights under sequence
+    parallelism) so every rank holds true gradient values."""
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            placements = [Replicate() if pl.is_partial() else pl for pl in g.placements]
+            p.grad = g.redistribute(g.device_mesh, placements)
+
+
+def _copies(grad: torch.Tensor, stage_ranks: int) -> int:
+    """How many ranks of one pipeline stage hold this same local gradient."""
+    if not isinstance(grad, DTensor):
+        return stage_ranks
+    shards = 1
+    for size, placement in zip(grad.device_mesh.shape, grad.placements, strict=True):
+        # Shard, and FSDP's _StridedShard (which is not a Shard subclass), split the grad.
+        if not placement.is_replicate():
+            shards *= size
+    return stage_ranks // shards
+
+
+def clip_grad_norm(
+    params: Iterable[torch.nn.Parameter], max_norm: float, *, stage_ranks: int
+) -> float:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm.
+
+    `stage_ranks` is dp x tp: the ranks that share one pipeline stage. Call
+    `settle_partial_grads` first.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    device = grads[0].device
+    local = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        part = g.to_local() if isinstance(g, DTensor) else g
+        local += part.detach().double().pow(2).sum() / _copies(g, stage_ranks)
+    if dist.is_initialized():
+        dist.all_reduce(local)
+    total = float(local.sqrt().item())
+    if math.isfinite(max_norm) and total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], scale)
+    return total

@@ -1,0 +1,89 @@
+"""Pipeline parallelism with torch.distributed.pipelining.
+
+The layer stack is cut evenly into pp x virtual stages. A stage is the same Transformer
+class with the layers (and embeddings, norm, head) it does not own removed, so its
+parameters keep their original names. Pipeline rank r owns stages r, r + pp, r + 2pp, ...
+(one per virtual stage), which is what the interleaved schedule expects.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    _PipelineSchedule,
+)
+from torch.distributed.pipelining.stage import _PipelineStageBase
+
+from workers.spec import PipelineSchedule
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    """The stages pipeline rank `pp_rank` runs, in order."""
+    return [pp_rank + i * pp for i in range(virtual_stages)]
+
+
+def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+    """A copy of `model` holding only stage `stage`'s layers (and ends, if it has them)."""
+    part: Any = copy.deepcopy(model)
+    layers = part.layers
+    assert isinstance(layers, nn.ModuleDict)
+    per_stage = len(layers) // num_stages
+    keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
+    for name in list(layers.keys()):
+        if name not in keep:
+            del layers[name]
+    if stage != 0:
+        part.tok_embeddings = None
+    if stage != num_stages - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+def split_model(
+    model: nn.Module, *, pp_rank: int, pp: int, virtual_stages: int
+) -> list[tuple[int, nn.Module]]:
+    """This rank's stages as (stage index, module)."""
+    num_stages = pp * virtual_stages
+    parts = [(s, cut_stage(model, s, num_stages)) for s in stage_ids(pp_rank, pp, virtual_stages)]
+    log.info("pipeline rank %d holds stage(s) %s of %d", pp_rank, [s for s, _ in parts], num_stages)
+    return parts
+
+
+def build_schedule(
+    parts: list[tuple[int, nn.Module]],
+    *,
+    pp_mesh: DeviceMesh,
+    num_stages: int,
+    n_microbatches: int,
+    schedule: PipelineSchedule,
+    loss_fn: LossFn,
+    device: torch.device,
+) -> _PipelineSchedule:
+    """The pipeline schedule over this rank's (already parallelised) stages.
+
+    Every rank gets the loss function, or the schedule would run forward only on some.
+    """
+    stages: list[_PipelineStageBase] = [
+        PipelineStage(module, index, num_stages, device, group=pp_mesh.get_group())
+        for index, module in parts
+    ]
+    if schedule == PipelineSchedule.interleaved_1f1b:
+        return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn)
+    cls = ScheduleGPipe if schedule == PipelineSchedule.gpipe else Schedule1F1B
+    return cls(stages[0], n_microbatches, loss_fn=loss_fn)
