@@ -11,9 +11,9 @@ supervisors and removes a supervisor once its job's end is recorded.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Protocol
 
+from service.loop import PeriodicLoop
 from service.models import Job
 from service.states import JobState
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
@@ -30,27 +30,13 @@ class Supervisors(Protocol):
     def remove(self, job_id: str) -> None: ...
 
 
-class Reconciler:
+class Reconciler(PeriodicLoop):
+    name = "reconciler"
+
     def __init__(self, store: JobStore, supervisors: Supervisors, interval_s: float = 0.5) -> None:
         self.store = store
         self.supervisors = supervisors
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("reconciler tick failed; retrying")
+        super().__init__(interval_s)
 
     def tick(self) -> None:
         for job in self.store.active_jobs():

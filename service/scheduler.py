@@ -9,11 +9,11 @@ the head has waited `reserve_after_s`, nothing behind it is admitted until it st
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from service.loop import PeriodicLoop
 from service.models import Job
 from service.states import JobState
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
@@ -85,8 +85,10 @@ def plan_admissions(
     return Plan(admit, waiting)
 
 
-class Scheduler:
+class Scheduler(PeriodicLoop):
     """A loop in the control plane: plan, then start each admitted job's supervisor."""
+
+    name = "scheduler"
 
     def __init__(
         self,
@@ -102,24 +104,8 @@ class Scheduler:
         self.cluster_total = cluster_total
         self.launch = launch
         self.discard = discard
-        self.interval_s = interval_s
+        super().__init__(interval_s)
         self.reserve_after_s = reserve_after_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.tick()
-            except Exception:
-                log.exception("scheduler tick failed; retrying")
 
     def tick(self) -> None:
         active = self.store.active_jobs()

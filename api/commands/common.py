@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api.client import Client
 from service.config import Settings
@@ -31,6 +32,18 @@ TokenOption = Annotated[
         help="API token (default: the admin token saved by `shardline serve`).",
     ),
 ]
+
+
+def step_progress(disable: bool = False) -> Progress:
+    """The progress bar of a training run on stderr: steps done of total, and a status."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=disable,
+    )
 
 
 def fail(lines: list[str], code: int = 2) -> typer.Exit:

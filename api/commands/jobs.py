@@ -11,7 +11,6 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from api.client import TERMINAL_STATES, Client, ShardlineError
@@ -20,9 +19,9 @@ from api.commands.common import (
     UrlOption,
     client,
     console,
-    err_console,
     fail,
     read_spec,
+    step_progress,
 )
 
 
@@ -71,13 +70,7 @@ def follow_job(
     c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """A progress bar of the job's steps until it ends; returns the final job."""
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=err_console,
-    ) as progress:
+    with step_progress() as progress:
         task = progress.add_task(job_id, total=steps, status="")
         while True:
             job = c.get(job_id)

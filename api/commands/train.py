@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.commands.common import err_console, fail, read_spec
+from api.commands.common import fail, read_spec, step_progress
 
 
 def train(
@@ -37,14 +36,7 @@ def train(
     metrics_file = metrics_out.open("w", encoding="utf-8") if metrics_out else None
 
     summary: dict[str, Any] = {}
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        disable=under_torchrun and os.environ["RANK"] != "0",
-    ) as progress:
+    with step_progress(disable=under_torchrun and os.environ["RANK"] != "0") as progress:
         task = progress.add_task(spec.name, total=spec.train.steps, status="starting")
 
         def on_metrics(m: dict[str, Any]) -> None:
