@@ -24,7 +24,12 @@ def train(
     ] = None,
 ) -> None:
     """Train a spec on this machine without Ray (gloo on CPU, NCCL on GPU)."""
-    from workers.engine.launch import TrainingFailed, train_local, train_under_torchrun
+    from workers.engine.launch import (
+        TrainingFailed,
+        exit_rank_process,
+        train_local,
+        train_under_torchrun,
+    )
 
     spec = read_spec(spec_path)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -66,3 +71,5 @@ def train(
                 metrics_file.close()
     if summary:
         typer.echo(json.dumps(summary, sort_keys=True))
+    if under_torchrun:
+        exit_rank_process(0)

@@ -12,6 +12,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -83,7 +84,23 @@ def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str, events:
         events.put(
             ("error", {"rank": rank, "error": repr(err), "traceback": traceback.format_exc()})
         )
-        raise SystemExit(1) from err
+        exit_rank_process(1, events)
+    exit_rank_process(0, events)
+
+
+def exit_rank_process(code: int, events: mp.Queue | None = None) -> None:
+    """End a rank's process without interpreter teardown.
+
+    The world has been left (or abandoned) by now, but destroying some C++ objects of
+    gloo and the pipeline stages at interpreter exit can still abort the process
+    ("terminate called without an active exception"), which would read as a failed rank.
+    """
+    if events is not None:
+        events.close()
+        events.join_thread()  # everything put() is in the pipe before we go
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def train_local(
