@@ -77,6 +77,14 @@ def field_errors(errors: Any) -> list[dict[str, str]]:
     return out
 
 
+def validation_failed(errors: Any) -> ApiError:
+    """A 422 whose message is the first field error and whose details list them all."""
+    details = field_errors(errors)
+    first = details[0] if details else {"field": "", "message": "invalid request"}
+    message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+    return ApiError(422, "validation_error", message, details)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -88,10 +96,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, err: RequestValidationError) -> JSONResponse:
-        details = field_errors(err.errors())
-        first = details[0] if details else {"field": "", "message": "invalid request"}
-        message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-        return error_response(422, "validation_error", message, details)
+        failed = validation_failed(err.errors())
+        return error_response(failed.status, failed.code, failed.message, failed.details)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -28,12 +28,17 @@ class RaySupervisors:
 
     def __init__(self, storage_root: str) -> None:
         self.storage_root = storage_root
+        # Named-actor lookups go to the GCS; the reconciler asks several times per tick.
+        # A handle is dropped when its actor fails a call or is removed.
+        self._handles: dict[str, Any] = {}
 
     def _handle(self, job_id: str) -> Any | None:
-        try:
-            return ray.get_actor(supervisor_name(job_id), namespace=NAMESPACE)
-        except ValueError:
-            return None
+        if job_id not in self._handles:
+            try:
+                self._handles[job_id] = ray.get_actor(supervisor_name(job_id), namespace=NAMESPACE)
+            except ValueError:
+                return None
+        return self._handles[job_id]
 
     def exists(self, job_id: str) -> bool:
         return self._handle(job_id) is not None
@@ -59,6 +64,8 @@ class RaySupervisors:
             return ray.get(handle.read.remote(after_seq), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
             log.warning("job %s: supervisor did not answer (%s)", job_id, type(err).__name__)
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._handles.pop(job_id, None)  # look it up afresh: it may be gone
             return None
 
     def cancel(self, job_id: str) -> None:
@@ -69,6 +76,7 @@ class RaySupervisors:
     def remove(self, job_id: str) -> None:
         """Kill the supervisor (its workers and placement group are already gone)."""
         handle = self._handle(job_id)
+        self._handles.pop(job_id, None)
         if handle is not None:
             ray.kill(handle, no_restart=True)
             log.info("job %s: supervisor removed", job_id)

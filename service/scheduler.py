@@ -116,20 +116,17 @@ class Scheduler(PeriodicLoop):
         if not queued:
             return
         total = self.cluster_total()
+        demand = {j.id: job_demand(JobSpec.model_validate(j.spec)) for j in active}
         used = {k: 0.0 for k in RESOURCE_NAMES}
         for j in active:
             if j.state != JobState.QUEUED:
-                for k, v in job_demand(JobSpec.model_validate(j.spec)).items():
+                for k, v in demand[j.id].items():
                     used[k] += v
         free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
         now = datetime.now(UTC)
         plan = plan_admissions(
             [
-                Queued(
-                    j.id,
-                    job_demand(JobSpec.model_validate(j.spec)),
-                    (now - _utc(j.created_at)).total_seconds(),
-                )
+                Queued(j.id, demand[j.id], (now - _utc(j.created_at)).total_seconds())
                 for j in queued
             ],
             free,

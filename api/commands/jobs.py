@@ -38,10 +38,6 @@ def api_errors() -> Iterator[None]:
         ) from None
 
 
-def _connect(url: str | None, token: str | None) -> Client:
-    return client(url, token)
-
-
 def submit(
     spec_path: Annotated[Path, typer.Argument(metavar="FILE.yaml")],
     follow: Annotated[bool, typer.Option("--follow", help="Show progress until it ends.")] = False,
@@ -51,7 +47,7 @@ def submit(
 ) -> None:
     """Submit a job spec; prints the job id."""
     spec = read_spec(spec_path)
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         job = c.submit(spec, idempotency_key=idempotency_key)
         console.print(f"{job['id']}  {job['name']}  {job['state']}")
         if follow:
@@ -95,7 +91,7 @@ def jobs(
     token: TokenOption = None,
 ) -> None:
     """List jobs, newest first."""
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         page = c.list(state=state, limit=limit)
     table = Table("id", "name", "owner", "state", "step", "created")
     for j in page["jobs"]:
@@ -112,7 +108,7 @@ def jobs(
 
 def status(job_id: str, url: UrlOption = None, token: TokenOption = None) -> None:
     """Show one job and its recent events."""
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         job = c.get(job_id)
         events = c.events(job_id)
     for key in (
@@ -140,7 +136,7 @@ def status(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
 
 def cancel(job_id: str, url: UrlOption = None, token: TokenOption = None) -> None:
     """Ask a job to stop."""
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         job = c.cancel(job_id)
     console.print(f"{job['id']}  {job['state']}")
 
@@ -153,7 +149,7 @@ def logs(
     token: TokenOption = None,
 ) -> None:
     """Print the end of one rank's log."""
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         for line in c.logs(job_id, rank=rank, tail=tail):
             typer.echo(line)
 
@@ -166,7 +162,7 @@ def metrics(
     token: TokenOption = None,
 ) -> None:
     """Print a job's logged metrics."""
-    with api_errors(), _connect(url, token) as c:
+    with api_errors(), client(url, token) as c:
         rows = c.metrics(job_id, since_step=since_step)
     if as_json:
         for row in rows:

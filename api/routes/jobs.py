@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
-from api.errors import ApiError, field_errors
+from api.errors import ApiError, validation_failed
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -51,10 +51,7 @@ def parse_spec(raw: bytes) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        details = field_errors(err.errors())
-        first = details[0]
-        message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
-        raise ApiError(422, "validation_error", message, details) from None
+        raise validation_failed(err.errors()) from None
 
 
 def check_data_path(spec: JobSpec, settings: Settings) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from workers.engine.dtensor import local_part
 
 # bf16 dense peak FLOP/s per device (vendor datasheets, without sparsity).
 BF16_PEAK_FLOPS = {
@@ -18,10 +19,6 @@ BF16_PEAK_FLOPS = {
 }
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -32,15 +29,15 @@ def _optimizer_states(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor
     for state in inner.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                yield _local(value)
+                yield local_part(value)
 
 
 def memory_held(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state right now."""
     params = list(params)
     return {
-        "params": _bytes(_local(p) for p in params),
-        "grads": _bytes(_local(p.grad) for p in params if p.grad is not None),
+        "params": _bytes(local_part(p) for p in params),
+        "grads": _bytes(local_part(p.grad) for p in params if p.grad is not None),
         "optim": _bytes(_optimizer_states(optimizer)),
     }
 

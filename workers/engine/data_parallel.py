@@ -21,8 +21,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+from workers.engine.precision import local_grads
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,7 @@ def syncs_grads_after_backward(*, dp: int, zero_stage: int, pp: int, tp: int) ->
 
 def all_reduce_grads(params: Iterable[nn.Parameter], dp_mesh: DeviceMesh) -> None:
     """Average this rank's gradients over data-parallel ranks, in one flat collective."""
-    grads = [
-        p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        for p in params
-        if p.grad is not None
-    ]
+    grads = local_grads(params)
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

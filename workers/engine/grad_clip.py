@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
+from workers.engine.dtensor import local_part
+
 
 def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
     """Reduce gradients DTensor left as partial sums (the norm weights under sequence
@@ -53,12 +55,11 @@ def clip_grad_norm(
     device = grads[0].device
     local = torch.zeros((), dtype=torch.float64, device=device)
     for g in grads:
-        part = g.to_local() if isinstance(g, DTensor) else g
-        local += part.detach().double().pow(2).sum() / _copies(g, stage_ranks)
+        local += local_part(g).detach().double().pow(2).sum() / _copies(g, stage_ranks)
     if dist.is_initialized():
         dist.all_reduce(local)
     total = float(local.sqrt().item())
     if math.isfinite(max_norm) and total > max_norm:
         scale = max_norm / (total + 1e-6)
-        torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], scale)
+        torch._foreach_mul_([local_part(g) for g in grads], scale)
     return total

@@ -6,7 +6,6 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 
@@ -19,8 +18,3 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def loss_context(vocab_sharded: bool) -> AbstractContextManager[None]:
     """Wrap forward-with-loss and backward when the output head is tensor parallel."""
     return loss_parallel() if vocab_sharded else nullcontext()
-
-
-def plain(value: torch.Tensor) -> torch.Tensor:
-    """A (replicated) DTensor's value as an ordinary tensor."""
-    return value.full_tensor() if isinstance(value, DTensor) else value

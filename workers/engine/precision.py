@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
+from workers.engine.dtensor import local_part
 from workers.spec import Precision
 
 AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
@@ -34,12 +34,7 @@ def autocast(precision: Precision, device: torch.device) -> Iterator[None]:
 
 def local_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """This rank's part of every gradient (the local shard of a DTensor)."""
-    out = []
-    for p in params:
-        if p.grad is not None:
-            g = p.grad
-            out.append(g.to_local() if isinstance(g, DTensor) else g)
-    return out
+    return [local_part(p.grad) for p in params if p.grad is not None]
 
 
 class DynamicLossScaler:

@@ -23,8 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 from workers.engine.accounting import memory_held, peak_flops
 from workers.engine.data import build_loader
 from workers.engine.data_parallel import all_reduce_grads, build_optimizer
+from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
-from workers.engine.loss import cross_entropy, loss_context, plain
+from workers.engine.loss import cross_entropy, loss_context
 from workers.engine.parallel import ParallelDims
 from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
