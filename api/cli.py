@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.commands import demo, jobs, serve, train
+from api.commands import demo, jobs, pausing, serve, train
 from api.commands.tokens import tokens_app
 
 app = typer.Typer(
@@ -25,6 +25,9 @@ app.command()(jobs.status)
 app.command()(jobs.cancel)
 app.command()(jobs.logs)
 app.command()(jobs.metrics)
+app.command()(pausing.pause)
+app.command()(pausing.resume)
+app.command()(pausing.checkpoints)
 app.add_typer(tokens_app, name="token")
 
 

@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 
+from workers.lifecycle import TERMINAL
 from workers.spec import JobSpec, load_spec
 
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 
 
 class ShardlineError(Exception):
@@ -126,6 +127,14 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def pause(self, job_id: str) -> dict[str, Any]:
+        """Checkpoint the job and free its workers (PAUSING, then PAUSED)."""
+        return self._call("POST", f"/v1/jobs/{job_id}/pause")
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Queue a PAUSED job again; it continues from its checkpoint."""
+        return self._call("POST", f"/v1/jobs/{job_id}/resume")
+
     def events(self, job_id: str, after: int = 0) -> builtins.list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{job_id}/events", params={"after": after})["events"]
 
@@ -145,12 +154,19 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
 
-    def wait(self, job_id: str, timeout: float, poll_s: float = 1.0) -> dict[str, Any]:
-        """Poll until the job ends; returns it, or raises WaitTimeout."""
+    def wait(
+        self,
+        job_id: str,
+        timeout: float,
+        poll_s: float = 1.0,
+        until: frozenset[str] = TERMINAL_STATES,
+    ) -> dict[str, Any]:
+        """Poll until the job is in one of `until` (default: ended); returns it, or raises
+        WaitTimeout."""
         deadline = time.monotonic() + timeout
         while True:
             job = self.get(job_id)
-            if job["state"] in TERMINAL_STATES:
+            if job["state"] in until:
                 return job
             if time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {job_id} is still {job['state']} after {timeout}s")

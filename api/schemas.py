@@ -96,16 +96,26 @@ class MetricsPublic(BaseModel):
 
 
 class CheckpointPublic(_Times):
+    """A committed checkpoint: `created_at` is when it was committed."""
+
     step: int
     path: str
     bytes: int
     created_at: datetime
     layout: str
+    save_s: float | None
+    blocking_s: float | None
 
     @classmethod
     def of(cls, c: Checkpoint) -> CheckpointPublic:
         return cls(
-            step=c.step, path=c.path, bytes=c.bytes, created_at=c.created_at, layout=c.layout
+            step=c.step,
+            path=c.path,
+            bytes=c.bytes,
+            created_at=c.created_at,
+            layout=c.layout,
+            save_s=c.save_s,
+            blocking_s=c.blocking_s,
         )
 
 

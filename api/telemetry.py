@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from service.db import Database
 from service.models import Job
-from service.states import JobState
+from workers.lifecycle import JobState
 
 
 class JobsByState(Collector):

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -137,3 +138,6 @@ class Checkpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     layout: Mapped[str] = mapped_column(String(128))
     committed: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How long the save took, and how long of that training was held (async saves).
+    save_s: Mapped[float | None] = mapped_column(Float, default=None)
+    blocking_s: Mapped[float | None] = mapped_column(Float, default=None)

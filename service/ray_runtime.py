@@ -73,6 +73,11 @@ class RaySupervisors:
         if handle is not None:
             handle.cancel.remote()
 
+    def pause(self, job_id: str) -> None:
+        handle = self._handle(job_id)
+        if handle is not None:
+            handle.pause.remote()
+
     def remove(self, job_id: str) -> None:
         """Kill the supervisor (its workers and placement group are already gone)."""
         handle = self._handle(job_id)

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from service.loop import PeriodicLoop
 from service.models import Job
-from service.states import JobState
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from workers.lifecycle import SUPERVISED, TERMINAL, JobState
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ class Supervisors(Protocol):
     def exists(self, job_id: str) -> bool: ...
     def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None: ...
     def cancel(self, job_id: str) -> None: ...
+    def pause(self, job_id: str) -> None: ...
     def remove(self, job_id: str) -> None: ...
 
 
@@ -40,7 +41,7 @@ class Reconciler(PeriodicLoop):
 
     def tick(self) -> None:
         for job in self.store.active_jobs():
-            if job.state == JobState.QUEUED:
+            if job.state not in SUPERVISED:
                 continue
             try:
                 self.reconcile(job)
@@ -53,16 +54,14 @@ class Reconciler(PeriodicLoop):
             return
         if job.state == JobState.CANCELLING:
             self.supervisors.cancel(job.id)
+        elif job.state == JobState.PAUSING:
+            self.supervisors.pause(job.id)
         snapshot = self.supervisors.read(job.id, job.reconciled_seq)
         if snapshot is None:  # no answer in time: try again next tick
             return
         self._apply(job, snapshot["entries"])
         job = self.store.get(job.id)
-        ended = JobState(snapshot["state"]) in (
-            JobState.SUCCEEDED,
-            JobState.FAILED,
-            JobState.CANCELLED,
-        )
+        ended = JobState(snapshot["state"]) in TERMINAL
         if (
             ended
             and job.reconciled_seq >= snapshot["last_seq"]
@@ -74,7 +73,8 @@ class Reconciler(PeriodicLoop):
                 job.id, JobState.CANCELLED, f"supervisor ended {snapshot['state']} while cancelling"
             )
             job = self.store.get(job.id)
-        if JobState(job.state).terminal:
+        if JobState(job.state).terminal or job.state == JobState.PAUSED:
+            # A paused job gets a new supervisor when it is resumed.
             self.supervisors.remove(job.id)
 
     def _apply(self, job: Job, entries: list[dict[str, Any]]) -> None:
@@ -109,6 +109,16 @@ class Reconciler(PeriodicLoop):
         return int(entry["seq"])
 
     def _supervisor_gone(self, job: Job) -> None:
+        if job.state == JobState.PAUSING:
+            # Its workers went with it; resuming restores the newest committed checkpoint.
+            self.store.transition(
+                job.id,
+                JobState.PAUSED,
+                "the supervisor was gone while pausing; resume continues from the newest "
+                "committed checkpoint",
+                expected_version=job.version,
+            )
+            return
         if job.state == JobState.CANCELLING:
             self.store.transition(
                 job.id,

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 from service.loop import PeriodicLoop
 from service.models import Job
-from service.states import JobState
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from workers.lifecycle import JobState
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)

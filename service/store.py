@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, User, utcnow
-from service.states import ACTIVE, JobState, is_legal
+from workers.lifecycle import ACTIVE, JobState, is_legal
+from workers.progress import EntryKind
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -224,7 +226,8 @@ class JobStore:
         return self.get(job_id)
 
     def request_cancel(self, job_id: str, viewer: User, reason: str) -> Job:
-        """Ask a job to stop. A QUEUED job has nothing running and is cancelled at once."""
+        """Ask a job to stop. A QUEUED or PAUSED job has nothing running and is cancelled
+        at once."""
         job = self.get(job_id, viewer)
         state = JobState(job.state)
         if state.terminal:
@@ -232,14 +235,37 @@ class JobStore:
         if state == JobState.CANCELLING:
             return job
         job = self.transition(job_id, JobState.CANCELLING, reason, expected_version=job.version)
-        if state == JobState.QUEUED:
+        if state in (JobState.QUEUED, JobState.PAUSED):
             job = self.transition(
                 job_id,
                 JobState.CANCELLED,
-                "cancelled before it started",
+                f"cancelled while {state.value}",
                 expected_version=job.version,
             )
         return job
+
+    def request_pause(self, job_id: str, viewer: User, reason: str) -> Job:
+        """Ask a RUNNING job to checkpoint and free its workers (PAUSING, then PAUSED)."""
+        job = self.get(job_id, viewer)
+        if job.state in (JobState.PAUSING, JobState.PAUSED):
+            return job
+        if job.state != JobState.RUNNING:
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}; only a RUNNING job can be paused"
+            )
+        return self.transition(job_id, JobState.PAUSING, reason, expected_version=job.version)
+
+    def request_resume(self, job_id: str, viewer: User, reason: str) -> Job:
+        """Queue a PAUSED job again; its new supervisor restores the pause's checkpoint."""
+        job = self.get(job_id, viewer)
+        if job.state != JobState.PAUSED:
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}; only a PAUSED job can be resumed"
+            )
+        # The next supervisor numbers its progress from 1 again.
+        return self.transition(
+            job_id, JobState.QUEUED, reason, expected_version=job.version, reconciled_seq=0
+        )
 
     def set_queue_reason(self, job_id: str, reason: str | None) -> None:
         """Why a QUEUED job waits; not a change of state, so no version bump."""
@@ -263,7 +289,7 @@ class JobStore:
             return after_seq
         last_seq = entries[-1]["seq"]
         with self.db.session() as s:
-            steps = [e["step"] for e in entries if e["kind"] == "metrics"]
+            steps = [e["step"] for e in entries if e["kind"] == EntryKind.METRICS]
             have = (
                 set(
                     s.scalars(
@@ -276,18 +302,23 @@ class JobStore:
                 else set()
             )
             latest: dict[str, Any] | None = None
+            latest_checkpoint: str | None = None
             for e in entries:
-                if e["kind"] == "metrics" and e["step"] not in have:
+                if e["kind"] == EntryKind.METRICS and e["step"] not in have:
                     s.add(JobMetric(job_id=job_id, step=e["step"], values=e["values"]))
                     have.add(e["step"])
                     latest = e["values"]
-                elif e["kind"] == "event":
+                elif e["kind"] == EntryKind.EVENT:
                     s.add(_event(job_id, "event", e["message"], e.get("data")))
-                elif e["kind"] == "summary":
+                elif e["kind"] == EntryKind.SUMMARY:
                     s.add(_event(job_id, "summary", "training summary", e.get("summary")))
+                elif e["kind"] == EntryKind.CHECKPOINT:
+                    latest_checkpoint = self._add_checkpoint(s, job_id, e)
             values: dict[str, Any] = {"reconciled_seq": last_seq}
             if latest is not None:
                 values.update(latest_metrics=latest, current_step=latest["step"])
+            if latest_checkpoint is not None:
+                values["latest_checkpoint"] = latest_checkpoint
             result = s.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.reconciled_seq == after_seq)
@@ -300,6 +331,33 @@ class JobStore:
                 )
             s.commit()
         return int(last_seq)
+
+    @staticmethod
+    def _add_checkpoint(s: Session, job_id: str, entry: dict[str, Any]) -> str:
+        """A committed checkpoint's row (again for the same step: the newer save wins)."""
+        s.execute(
+            delete(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == entry["step"])
+        )
+        s.add(
+            Checkpoint(
+                job_id=job_id,
+                step=entry["step"],
+                path=entry["path"],
+                bytes=entry["bytes"],
+                layout=entry["layout"][:128],
+                committed=True,
+                save_s=entry["save_s"],
+                blocking_s=entry["blocking_s"],
+            )
+        )
+        # Checkpoints that keep_last deleted are not restorable any more.
+        if entry.get("deleted"):
+            s.execute(
+                delete(Checkpoint).where(
+                    Checkpoint.job_id == job_id, Checkpoint.step.in_(entry["deleted"])
+                )
+            )
+        return str(entry["path"])
 
     def add_event(
         self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class EntryKind(StrEnum):
+    """What one buffered entry is; the reconciler writes each kind to its own place."""
+
+    STATE = "state"  # state=, reason=
+    EVENT = "event"  # message=, data=
+    METRICS = "metrics"  # step=, values=
+    CHECKPOINT = "checkpoint"  # step=, path=, bytes=, layout=, save_s=, blocking_s=
+    SUMMARY = "summary"  # summary=
 
 
 @dataclass
@@ -15,7 +26,7 @@ class ProgressBuffer:
     entries: list[dict[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def append(self, kind: str, **payload: Any) -> int:
+    def append(self, kind: EntryKind, **payload: Any) -> int:
         with self._lock:
             seq = len(self.entries) + 1
             self.entries.append({"seq": seq, "kind": kind, **payload})

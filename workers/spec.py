@@ -179,6 +179,13 @@ class CheckpointSpec(_Strict):
     async_save: bool = False
 
 
+class ResumeFromSpec(_Strict):
+    """Start from a checkpoint of another job (yours), in this job's layout."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9]+$")]
+    step: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None  # None: its newest
+
+
 class FaultToleranceSpec(_Strict):
     max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
     hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
@@ -200,6 +207,7 @@ class JobSpec(_Strict):
     precision: Precision = Precision.fp32
     train: TrainSpec = TrainSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    resume_from: ResumeFromSpec | None = None
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     resources: ResourcesSpec = ResourcesSpec()
 
@@ -240,11 +248,6 @@ class JobSpec(_Strict):
                 f"with parallel.pp={par.pp} the pipeline needs at least {par.pp} micro-batches "
                 f"per step but train.global_batch_size / (micro_batch_size x dp) = "
                 f"{self.accumulation_steps}; raise global_batch_size or lower micro_batch_size"
-            )
-        if par.zero_stage == 1 and par.tp > 1 and par.dp > 1:
-            raise ValueError(
-                "parallel.zero_stage=1 cannot be combined with parallel.tp > 1 (the ZeRO-1 "
-                "optimizer does not take tensor-parallel parameters); use zero_stage 0, 2 or 3"
             )
         interleaved = par.pp_schedule == PipelineSchedule.interleaved_1f1b
         if par.pp > 1 and interleaved and self.accumulation_steps % par.pp:

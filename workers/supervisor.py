@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from enum import StrEnum
-from pathlib import Path
 from typing import Any, Protocol
 
 from workers.failure_policy import FailurePolicy
-from workers.progress import ProgressBuffer
+from workers.lifecycle import TERMINAL, JobState
+from workers.progress import EntryKind, ProgressBuffer
 from workers.spec import JobSpec
+from workers.storage import JobStorage
+from workers.worker import FINISHED, CheckpointTargets, WorkerPhase
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +29,8 @@ JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
 
 
-class SupervisorState(StrEnum):
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    CANCELLING = "CANCELLING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-TERMINAL = {SupervisorState.SUCCEEDED, SupervisorState.FAILED, SupervisorState.CANCELLED}
+# A pause waits for the checkpoint to be written; give it time.
+PAUSE_GRACE_S = 600.0
 
 
 class Workers(Protocol):
@@ -47,7 +39,7 @@ class Workers(Protocol):
     def reserve(self, timeout_s: float) -> list[str]: ...
     def start(self, join_timeout_s: float) -> None: ...
     def poll(self, timeout_s: float) -> list[dict[str, Any]]: ...
-    def request_stop(self) -> None: ...
+    def request_stop(self, save: bool = False) -> None: ...
     def kill_workers(self) -> None: ...
     def release(self) -> None: ...
 
@@ -58,20 +50,23 @@ class JobSupervisor:
     ) -> None:
         self.job_id = job_id
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.job_dir = Path(storage_root) / job_id
-        self.job_dir.mkdir(parents=True, exist_ok=True)
-        (self.job_dir / "spec.json").write_text(spec_json)
+        self.storage = JobStorage(storage_root, job_id)
+        self.storage.dir.mkdir(parents=True, exist_ok=True)
+        self.storage.spec_file.write_text(spec_json)
         if workers is None:
             from workers.worker_group import WorkerGroup
 
-            workers = WorkerGroup(job_id, self.spec, str(self.job_dir / "logs"))
+            workers = WorkerGroup(
+                job_id, self.spec, self.storage, checkpoint_targets(self.spec, storage_root, job_id)
+            )
         self.workers = workers
         self.policy = FailurePolicy(self.spec.fault_tolerance.max_failures)
         self.buffer = ProgressBuffer()
-        self.state = SupervisorState.STARTING
+        self.state = JobState.STARTING
         self.failures = 0
         self.reported_step = 0  # metrics up to here were sent; a restart must not resend
         self._cancel = threading.Event()
+        self._pause = threading.Event()
         self._thread: threading.Thread | None = None
         # Why the state is about to change, for the event of the transition.
         self._reason = ""
@@ -97,9 +92,13 @@ class JobSupervisor:
     def cancel(self) -> None:
         self._cancel.set()
 
+    def pause(self) -> None:
+        """Checkpoint, free the workers and the placement group, end PAUSED."""
+        self._pause.set()
+
     # -- the state machine -------------------------------------------------------------
 
-    def run(self) -> SupervisorState:
+    def run(self) -> JobState:
         while self.state not in TERMINAL:
             try:
                 nxt = self.step()
@@ -112,27 +111,29 @@ class JobSupervisor:
                 time.sleep(POLL_INTERVAL_S)
         return self.state
 
-    def step(self) -> SupervisorState:
+    def step(self) -> JobState:
         """Take one step from the current state; returns the next state."""
         if self._cancel.is_set() and self.state not in TERMINAL:
             return self._cancel_now()
-        if self.state == SupervisorState.STARTING:
+        if self.state == JobState.STARTING:
             return self._launch("started")
-        if self.state == SupervisorState.RESTARTING:
+        if self.state == JobState.RESTARTING:
             return self._launch("restarted")
+        if self._pause.is_set() and self.state == JobState.RUNNING:
+            return self._pause_now()
         return self._watch()
 
-    def _enter(self, state: SupervisorState, reason: str = "") -> None:
+    def _enter(self, state: JobState, reason: str = "") -> None:
         log.info("job %s: %s -> %s", self.job_id, self.state.value, state.value)
         self.state = state
-        self.buffer.append("state", state=state.value, reason=reason or self._reason)
+        self.buffer.append(EntryKind.STATE, state=state.value, reason=reason or self._reason)
         self._reason = ""
 
     def _event(self, message: str, **data: Any) -> None:
         log.info("job %s: %s", self.job_id, message)
-        self.buffer.append("event", message=message, data=data)
+        self.buffer.append(EntryKind.EVENT, message=message, data=data)
 
-    def _launch(self, verb: str) -> SupervisorState:
+    def _launch(self, verb: str) -> JobState:
         nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
         self._event(
             f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
@@ -141,29 +142,37 @@ class JobSupervisor:
         self.workers.start(JOIN_TIMEOUT_S)
         self._event(f"workers {verb}", world_size=len(nodes))
         self._reason = f"{len(nodes)} workers {verb}"
-        return SupervisorState.RUNNING
+        return JobState.RUNNING
 
-    def _watch(self) -> SupervisorState:
-        statuses = self.workers.poll(POLL_TIMEOUT_S)
+    def _collect(self, statuses: list[dict[str, Any]]) -> None:
+        """Buffer what the ranks produced since the last poll, each entry once."""
         for status in statuses:
+            for event in status.get("events", []):
+                self._event(event["message"], **event["data"])
             for m in status["metrics"]:
                 if m["step"] > self.reported_step:
-                    self.buffer.append("metrics", step=m["step"], values=m)
+                    self.buffer.append(EntryKind.METRICS, step=m["step"], values=m)
                     self.reported_step = m["step"]
-        failed = [s for s in statuses if s["phase"] == "failed"]
+            for commit in status.get("checkpoints", []):
+                self.buffer.append(EntryKind.CHECKPOINT, **commit)
+
+    def _watch(self) -> JobState:
+        statuses = self.workers.poll(POLL_TIMEOUT_S)
+        self._collect(statuses)
+        failed = [s for s in statuses if s["phase"] == WorkerPhase.FAILED]
         if failed:
             return self._on_failure("; ".join(str(s["error"]) for s in failed))
         hung = self._hung_ranks(statuses)
         if hung:
             limit = self.spec.fault_tolerance.hang_timeout_s
             return self._on_failure(f"no progress for {limit:.0f}s on rank(s) {hung}")
-        if all(s["phase"] == "done" for s in statuses):
+        if all(s["phase"] == WorkerPhase.DONE for s in statuses):
             summary = next((s["summary"] for s in statuses if s["summary"]), None)
-            self.buffer.append("summary", summary=summary)
+            self.buffer.append(EntryKind.SUMMARY, summary=summary)
             self.workers.release()
             self._reason = "training finished"
-            return SupervisorState.SUCCEEDED
-        return SupervisorState.RUNNING
+            return JobState.SUCCEEDED
+        return JobState.RUNNING
 
     def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
         limit = self.spec.fault_tolerance.hang_timeout_s
@@ -171,7 +180,8 @@ class JobSupervisor:
         hung = [
             s["rank"]
             for s in statuses
-            if s["phase"] in ("joining", "training") and now - s["last_progress"] > limit
+            if s["phase"] in (WorkerPhase.JOINING, WorkerPhase.TRAINING)
+            and now - s["last_progress"] > limit
         ]
         if hung:
             front = max(s["step"] for s in statuses)
@@ -179,7 +189,7 @@ class JobSupervisor:
             return behind or hung  # name the ranks that were behind where there are some
         return []
 
-    def _on_failure(self, error: str) -> SupervisorState:
+    def _on_failure(self, error: str) -> JobState:
         self.failures += 1
         decision = self.policy.decide(self.failures, error)
         self._event(f"failure: {decision.reason}", retry=decision.retry)
@@ -187,20 +197,55 @@ class JobSupervisor:
         self._reason = decision.reason
         if not decision.retry:
             self.workers.release()
-            return SupervisorState.FAILED
-        # No checkpoints yet: a restart trains again from step 0 (metrics already sent
+            return JobState.FAILED
+        # The new workers restore the newest committed checkpoint (metrics already sent
         # are not sent twice).
         time.sleep(decision.backoff_s)
-        return SupervisorState.RESTARTING
+        return JobState.RESTARTING
 
-    def _cancel_now(self) -> SupervisorState:
-        self.workers.request_stop()
-        deadline = time.monotonic() + STOP_GRACE_S
+    def _stop_workers(self, *, save: bool, grace_s: float) -> list[dict[str, Any]]:
+        """Ask every rank to stop and wait (up to `grace_s`) until all have."""
+        self.workers.request_stop(save=save)
+        deadline = time.monotonic() + grace_s
+        statuses: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            statuses = self.workers.poll(min(POLL_TIMEOUT_S, STOP_GRACE_S))
-            if all(s["phase"] in ("stopped", "done", "failed") for s in statuses):
+            statuses = self.workers.poll(min(POLL_TIMEOUT_S, grace_s))
+            self._collect(statuses)
+            if all(s["phase"] in FINISHED for s in statuses):
                 break
             time.sleep(POLL_INTERVAL_S)
+        return statuses
+
+    def _cancel_now(self) -> JobState:
+        self._stop_workers(save=False, grace_s=STOP_GRACE_S)
         self.workers.release()
         self._reason = "cancelled on request"
-        return SupervisorState.CANCELLED
+        return JobState.CANCELLED
+
+    def _pause_now(self) -> JobState:
+        statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
+        self.workers.release()
+        if statuses and all(s["phase"] == WorkerPhase.DONE for s in statuses):
+            summary = next((s["summary"] for s in statuses if s["summary"]), None)
+            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+            self._reason = "training finished before the pause took effect"
+            return JobState.SUCCEEDED
+        failed = [str(s["error"]) for s in statuses if s["phase"] == WorkerPhase.FAILED]
+        step = max((s["step"] for s in statuses), default=0)
+        self._reason = (
+            f"paused after step {step}"
+            if not failed
+            else f"paused after a failure while pausing: {'; '.join(failed)}"
+        )
+        return JobState.PAUSED
+
+
+def checkpoint_targets(spec: JobSpec, storage_root: str, job_id: str) -> CheckpointTargets:
+    """The job saves into its own folder and starts from it; a job with `resume_from`
+    starts from that job's checkpoint until it has one of its own."""
+    own = str(JobStorage(storage_root, job_id).checkpoints_dir)
+    restore: list[tuple[str, int | None]] = [(own, None)]
+    if spec.resume_from is not None:
+        source = JobStorage(storage_root, spec.resume_from.job_id).checkpoints_dir
+        restore.append((str(source), spec.resume_from.step))
+    return CheckpointTargets(save_dir=own, restore_from=restore)

@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,41 @@ from workers.spec import JobSpec
 log = logging.getLogger(__name__)
 
 
+class WorkerPhase(StrEnum):
+    IDLE = "idle"
+    JOINING = "joining"
+    TRAINING = "training"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+# Phases after which a worker does nothing more.
+FINISHED = frozenset({WorkerPhase.DONE, WorkerPhase.STOPPED, WorkerPhase.FAILED})
+
+
+@dataclass(frozen=True)
+class CheckpointTargets:
+    """Where a job's workers save (its own folder) and may start from, in order."""
+
+    save_dir: str
+    restore_from: list[tuple[str, int | None]] = field(default_factory=list)
+
+
 @dataclass
 class WorkerStatus:
     """What a poll returns: plain data, cheap to send."""
 
     rank: int
-    phase: str  # joining | training | done | stopped | failed
+    phase: WorkerPhase
     step: int
     loss: float | None
     last_progress: float  # wall-clock time of the last completed step (or of the start)
     error: str | None = None
-    metrics: list[dict[str, Any]] = field(default_factory=list)  # rank 0 only
+    # Rank 0 only, each since the previous poll:
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # {"message", "data"}
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # committed ones
     summary: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -43,20 +68,25 @@ class TrainingWorker:
         rank: int,
         world_size: int,
         spec_json: str,
-        log_dir: str,
+        log_file: str,
         cpus: float = 1.0,
+        checkpoints: CheckpointTargets | None = None,
     ) -> None:
         self.job_id, self.rank, self.world_size = job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
-        self._log_handler = _log_to_file(Path(log_dir) / f"rank-{rank}.log")
+        self.checkpoints = checkpoints
+        self._log_handler = _log_to_file(Path(log_file))
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._phase = "idle"
+        self._save_on_stop = False
+        self._phase = WorkerPhase.IDLE
         self._step = 0
         self._loss: float | None = None
         self._last_progress = time.time()
         self._error: str | None = None
         self._unsent: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._commits: list[dict[str, Any]] = []
         self._summary: dict[str, Any] | None = None
         self._thread: threading.Thread | None = None
         import torch
@@ -76,7 +106,7 @@ class TrainingWorker:
         """Join the world and train, in the background; returns at once."""
         if self._thread is not None:
             raise RuntimeError("worker already started")
-        self._phase = "joining"
+        self._phase = WorkerPhase.JOINING
         self._thread = threading.Thread(
             target=self._run,
             args=(master_addr, master_port, join_timeout_s),
@@ -105,25 +135,56 @@ class TrainingWorker:
                 device=device,
                 on_metrics=self._on_metrics,
                 on_step=self._on_step,
+                checkpoints=self._plan(),
+                on_event=self._on_event,
+                on_checkpoint=self._on_checkpoint,
             )
-            self._phase = "training"
-            self._last_progress = time.time()
-            summary = trainer.train(should_stop=self._should_stop)
+            with self._lock:
+                self._phase = WorkerPhase.TRAINING
+                self._step = trainer.step
+                self._last_progress = time.time()
+            summary = trainer.train(
+                should_stop=self._should_stop, save_on_stop=lambda: self._save_on_stop
+            )
             with self._lock:
                 self._summary = summary
                 self._step = trainer.step
-                self._phase = "stopped" if self._stop.is_set() else "done"
+                self._phase = WorkerPhase.STOPPED if self._stop.is_set() else WorkerPhase.DONE
             log.info("rank %d finished: %s", self.rank, summary)
             leave_world()
         except BaseException as err:  # reported through poll(), never lost in a thread
             abandon_world()
             with self._lock:
                 self._error = f"{type(err).__name__}: {err}"
-                self._phase = "failed"
+                self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
+
+    def _plan(self) -> Any:
+        from workers.engine.checkpoint import CheckpointPlan
+
+        if self.checkpoints is None:
+            return None
+        ck = self.spec.checkpoint
+        return CheckpointPlan(
+            save_url=self.checkpoints.save_dir,
+            every_steps=ck.every_steps,
+            keep_last=ck.keep_last,
+            async_save=ck.async_save,
+            restore_from=self.checkpoints.restore_from,
+        )
 
     def _should_stop(self) -> bool:
         return self._stop.is_set()
+
+    def _on_event(self, message: str, data: dict[str, Any]) -> None:
+        log.info("%s", message)
+        if self.rank == 0:
+            with self._lock:
+                self._events.append({"message": message, "data": data})
+
+    def _on_checkpoint(self, commit: dict[str, Any]) -> None:
+        with self._lock:
+            self._commits.append(commit)
 
     def _on_step(self, step: int) -> None:
         with self._lock:
@@ -148,13 +209,16 @@ class TrainingWorker:
                 self._last_progress,
                 self._error,
                 self._unsent,
+                self._events,
+                self._commits,
                 self._summary,
             )
-            self._unsent = []
+            self._unsent, self._events, self._commits = [], [], []
         return status.as_dict()
 
-    def stop(self) -> None:
-        """Finish the current step, then stop."""
+    def stop(self, save: bool = False) -> None:
+        """Finish the current step, then stop (after a checkpoint if `save`)."""
+        self._save_on_stop = save
         self._stop.set()
 
 

@@ -20,6 +20,8 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.spec import JobSpec
+from workers.storage import JobStorage
+from workers.worker import CheckpointTargets, WorkerPhase
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +41,26 @@ def placement_group_name(job_id: str) -> str:
 def dead_status(rank: int, error: str) -> dict[str, Any]:
     return {
         "rank": rank,
-        "phase": "failed",
+        "phase": WorkerPhase.FAILED,
         "step": 0,
         "loss": None,
         "last_progress": time.time(),
         "error": error,
         "metrics": [],
+        "events": [],
+        "checkpoints": [],
         "summary": None,
     }
 
 
 class WorkerGroup:
-    def __init__(self, job_id: str, spec: JobSpec, log_dir: str) -> None:
+    def __init__(
+        self, job_id: str, spec: JobSpec, storage: JobStorage, checkpoints: CheckpointTargets
+    ) -> None:
         self.job_id = job_id
         self.spec = spec
-        self.log_dir = log_dir
+        self.storage = storage
+        self.checkpoints = checkpoints
         self.world_size = spec.parallel.world_size
         self.pg: PlacementGroup | None = None
         self.actors: list[Any] = []
@@ -90,7 +97,15 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(self.job_id, rank, self.world_size, spec_json, self.log_dir, res["CPU"])
+            ).remote(
+                self.job_id,
+                rank,
+                self.world_size,
+                spec_json,
+                str(self.storage.log_file(rank)),
+                res["CPU"],
+                self.checkpoints,
+            )
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
         addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
@@ -126,9 +141,9 @@ class WorkerGroup:
                 )
         return statuses
 
-    def request_stop(self) -> None:
+    def request_stop(self, save: bool = False) -> None:
         for a in self.actors:
-            a.stop.remote()
+            a.stop.remote(save)
 
     def kill_workers(self) -> None:
         for a in self.actors:

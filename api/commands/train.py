@@ -22,9 +22,32 @@ def train(
         Path | None,
         typer.Option("--metrics-out", help="Write one JSON object per logged step to this file."),
     ] = None,
+    checkpoint_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-dir",
+            help="Save checkpoints here (a folder or an fsspec URL such as s3://bucket/run): "
+            "every checkpoint.every_steps, at the last step and when stopped.",
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Continue from the newest good checkpoint in --checkpoint-dir."
+        ),
+    ] = False,
+    stop_after_step: Annotated[
+        int | None,
+        typer.Option(
+            "--stop-after-step",
+            min=1,
+            help="Stop after this step (saving a checkpoint); --resume continues.",
+        ),
+    ] = None,
 ) -> None:
     """Train a spec on this machine without Ray (gloo on CPU, NCCL on GPU)."""
     from workers.engine.launch import (
+        LocalCheckpoints,
         TrainingFailed,
         exit_rank_process,
         train_local,
@@ -32,6 +55,9 @@ def train(
     )
 
     spec = read_spec(spec_path)
+    if resume and not checkpoint_dir:
+        raise fail(["--resume needs --checkpoint-dir (the folder to continue from)"])
+    local = LocalCheckpoints(checkpoint_dir, resume, stop_after_step)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else (nproc or spec.parallel.world_size)
     try:
@@ -56,14 +82,24 @@ def train(
         def report(kind: str, payload: Any) -> None:
             if kind == "metrics":
                 on_metrics(payload)
+            elif kind == "event":
+                progress.console.print(payload)
             elif kind == "summary":
                 summary.update(payload)
 
         try:
             if under_torchrun:
-                train_under_torchrun(spec, report)
+                train_under_torchrun(spec, report, local)
             else:
-                summary.update(train_local(spec, world, on_metrics=on_metrics))
+                summary.update(
+                    train_local(
+                        spec,
+                        world,
+                        on_metrics=on_metrics,
+                        local=local,
+                        on_event=lambda message: progress.console.print(message),
+                    )
+                )
         except TrainingFailed as err:
             raise fail([str(err)], code=1) from None
         finally:

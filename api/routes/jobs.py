@@ -23,8 +23,12 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
-from service.states import JobState
+from service.models import User
+from service.store import JobStore
+from workers.checkpoint_store import CheckpointStore
+from workers.lifecycle import JobState
 from workers.spec import JobSpec
+from workers.storage import JobStorage
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -70,6 +74,31 @@ def check_data_path(spec: JobSpec, settings: Settings) -> None:
         )
 
 
+def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Settings) -> None:
+    """`resume_from` must name a job the user may see (404 otherwise, as for any other
+    user's job) that has the committed checkpoint asked for."""
+    source = spec.resume_from
+    if source is None:
+        return
+    job = store.get(source.job_id, user)
+    checkpoints = CheckpointStore(
+        str(JobStorage(settings.resolved_storage_root, job.id).checkpoints_dir)
+    )
+    if checkpoints.find(source.step) is None:
+        which = f"at step {source.step}" if source.step else "yet"
+        raise ApiError(
+            422,
+            "validation_error",
+            f"resume_from: job {job.id} has no committed checkpoint {which}",
+            [
+                {
+                    "field": "resume_from.step" if source.step else "resume_from.job_id",
+                    "message": f"no committed checkpoint {which}",
+                }
+            ],
+        )
+
+
 @router.post(
     "",
     status_code=201,
@@ -88,6 +117,7 @@ async def submit_job(
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
     spec = parse_spec(await request.body())
     check_data_path(spec, settings)
+    check_resume_from(spec, user, store, settings)
     refusal = runtime.refusal(spec)
     if refusal is not None:
         raise ApiError(422, "does_not_fit", refusal)
@@ -126,6 +156,18 @@ def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
 def cancel_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Ask the job to stop: CANCELLING, then CANCELLED once its workers are gone."""
     return JobPublic.of(store.request_cancel(job_id, user, f"cancel requested by {user.name}"))
+
+
+@router.post("/{job_id}/pause", status_code=202, response_model=JobPublic)
+def pause_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
+    """Checkpoint the job and free its workers: PAUSING, then PAUSED (RUNNING jobs only)."""
+    return JobPublic.of(store.request_pause(job_id, user, f"pause requested by {user.name}"))
+
+
+@router.post("/{job_id}/resume", status_code=202, response_model=JobPublic)
+def resume_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
+    """Queue a PAUSED job again; it continues from the checkpoint its pause saved."""
+    return JobPublic.of(store.request_resume(job_id, user, f"resume requested by {user.name}"))
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)
@@ -175,14 +217,10 @@ def job_logs(
 ) -> LogsPublic:
     """The last `tail` lines of one rank's log (empty until the job has run)."""
     job = store.get(job_id, user)
-    log_dir = settings.resolved_storage_root / job.id / "logs"
-    ranks = sorted(
-        int(p.stem.removeprefix("rank-"))
-        for p in log_dir.glob("rank-*.log")
-        if p.stem.removeprefix("rank-").isdigit()
-    )
-    path = log_dir / f"rank-{rank}.log"
+    storage = JobStorage(settings.resolved_storage_root, job.id)
+    path = storage.log_file(rank)
     lines: list[str] = []
     if path.is_file():
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-tail:]
+    ranks = storage.log_ranks()
     return LogsPublic(rank=rank, lines=lines, ranks=ranks)

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.states import JobState
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from tests.api.conftest import Backend
+from workers.lifecycle import JobState
 
 
 def test_50_concurrent_submits_with_one_key_create_one_job(backend: Backend) -> None:

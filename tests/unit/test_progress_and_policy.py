@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 
 from workers.failure_policy import FailurePolicy
-from workers.progress import ProgressBuffer
+from workers.progress import EntryKind, ProgressBuffer
 
 
 def test_readers_resuming_after_n_see_each_entry_once() -> None:
     buffer = ProgressBuffer()
     threads = [
-        threading.Thread(target=lambda: [buffer.append("metrics", step=i) for i in range(100)])
+        threading.Thread(
+            target=lambda: [buffer.append(EntryKind.METRICS, step=i) for i in range(100)]
+        )
         for _ in range(4)
     ]
     for t in threads:

@@ -146,10 +146,6 @@ def test_world_size_must_match_the_layout() -> None:
             "the micro-batches per step (3) must be a multiple of parallel.pp=2",
         ),
         (
-            {"parallel": {"dp": 2, "tp": 2, "zero_stage": 1}},
-            "parallel.zero_stage=1 cannot be combined with parallel.tp > 1",
-        ),
-        (
             {"model": {"n_kv_heads": 1}, "parallel": {"tp": 2}},
             "parallel.tp=2 must divide model.n_heads=4 and model.n_kv_heads=1",
         ),
@@ -159,3 +155,14 @@ def test_layout_rules_for_tensor_and_pipeline_parallel(
     sections: dict[str, Any], message: str
 ) -> None:
     assert message in rejected(**sections)
+
+
+def test_every_zero_stage_composes_with_tensor_and_pipeline_parallel() -> None:
+    for zero in range(4):
+        assert spec(parallel={"pp": 2, "dp": 2, "tp": 2, "zero_stage": zero}).parallel.tp == 2
+
+
+def test_resume_from_names_a_job_and_optionally_a_step() -> None:
+    assert spec(resume_from={"job_id": "abc123"}).resume_from.step is None  # type: ignore[union-attr]
+    assert "resume_from.step" in rejected(resume_from={"job_id": "abc123", "step": 0})
+    assert "resume_from.job_id" in rejected(resume_from={"job_id": "../x"})

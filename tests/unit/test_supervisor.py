@@ -10,9 +10,10 @@ import pytest
 
 import workers.supervisor as supervisor_module
 from workers.failure_policy import FailurePolicy
+from workers.lifecycle import JobState
 from workers.progress import ProgressBuffer
 from workers.spec import JobSpec
-from workers.supervisor import JobSupervisor, SupervisorState
+from workers.supervisor import JobSupervisor
 
 
 class FakeWorkers:
@@ -32,7 +33,7 @@ class FakeWorkers:
     def poll(self, timeout_s: float) -> list[dict[str, Any]]:
         return self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
 
-    def request_stop(self) -> None:
+    def request_stop(self, save: bool = False) -> None:
         self.log.append("stop")
 
     def kill_workers(self) -> None:
@@ -96,7 +97,7 @@ def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
         ]
     )
     sup = make(tmp_path, workers)
-    assert sup.run() == SupervisorState.SUCCEEDED
+    assert sup.run() == JobState.SUCCEEDED
     entries = sup.buffer.after(0)
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
     assert [e["step"] for e in entries if e["kind"] == "metrics"] == [1, 2]
@@ -109,7 +110,7 @@ def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
 def test_a_failed_rank_restarts_then_gives_up_after_max_failures(tmp_path: Path) -> None:
     boom = [status(0, "training", 1, [1]), status(1, "failed", 0, error="rank 1: boom")]
     sup = make(tmp_path, FakeWorkers([boom]))
-    assert sup.run() == SupervisorState.FAILED
+    assert sup.run() == JobState.FAILED
     assert states(sup.buffer) == ["RUNNING", "RESTARTING", "RUNNING", "FAILED"]
     final = [e for e in sup.buffer.after(0) if e["kind"] == "state"][-1]
     assert "rank 1: boom" in final["reason"] and "max_failures=1" in final["reason"]
@@ -126,7 +127,7 @@ def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
         ]
     ]
     sup = make(tmp_path, FakeWorkers(polls), hang_timeout_s=10, max_failures=0)
-    assert sup.run() == SupervisorState.FAILED
+    assert sup.run() == JobState.FAILED
     failure = next(
         e
         for e in sup.buffer.after(0)
@@ -139,5 +140,5 @@ def test_cancel_stops_and_releases(tmp_path: Path) -> None:
     workers = FakeWorkers([[status(0, "stopped", 3), status(1, "stopped", 3)]])
     sup = make(tmp_path, workers)
     sup.cancel()
-    assert sup.run() == SupervisorState.CANCELLED
+    assert sup.run() == JobState.CANCELLED
     assert workers.log == ["stop", "release"]

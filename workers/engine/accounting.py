@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 
 from workers.engine.dtensor import local_part
+from workers.engine.optimizer import Optimizers
 
 # bf16 dense peak FLOP/s per device (vendor datasheets, without sparsity).
 BF16_PEAK_FLOPS = {
@@ -23,22 +24,13 @@ def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _optimizer_states(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
-    # ZeroRedundancyOptimizer keeps this rank's partition in an inner optimizer.
-    inner = getattr(optimizer, "optim", optimizer)
-    for state in inner.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield local_part(value)
-
-
-def memory_held(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def memory_held(params: Iterable[torch.Tensor], optimizers: Optimizers) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state right now."""
     params = list(params)
     return {
         "params": _bytes(local_part(p) for p in params),
         "grads": _bytes(local_part(p.grad) for p in params if p.grad is not None),
-        "optim": _bytes(_optimizer_states(optimizer)),
+        "optim": _bytes(optimizers.state_tensors()),
     }
 
 

@@ -1,7 +1,8 @@
 """Data parallelism and ZeRO sharding, applied to a model from outside.
 
 zero 0: DDP (gradients all-reduced, everything replicated).
-zero 1: DDP + ZeroRedundancyOptimizer (optimizer state sharded across dp).
+zero 1: DDP (or an all-reduce after backward) + optimizer state sliced across dp
+        (workers/engine/zero_one.py).
 zero 2: FSDP2 with reshard_after_forward=False, PyTorch's ZeRO-2 (SHARD_GRAD_OP):
         gradients and optimizer state sharded; parameters are gathered once per step and
         held whole through forward and backward, sharded between steps.
@@ -13,14 +14,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.engine.precision import local_grads
@@ -91,40 +90,3 @@ def apply_data_parallel(
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
     log.info("applied FSDP2 (zero-%d) over dp=%d", zero_stage, dp)
     return model
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    # Norm gains (1-D) are not decayed, as in every Llama recipe.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
-def build_optimizer(
-    model: nn.Module,
-    *,
-    zero_stage: int,
-    dp_mesh: DeviceMesh,
-    lr: float,
-    weight_decay: float,
-    device: torch.device,
-) -> torch.optim.Optimizer:
-    """AdamW (fused on GPU); with zero-1 its state is partitioned across dp ranks."""
-    kwargs: dict[str, Any] = {
-        "lr": lr,
-        "betas": (0.9, 0.95),
-        "eps": 1e-8,
-        "fused": device.type == "cuda",
-    }
-    groups = _param_groups(model, weight_decay)
-    if zero_stage == 1 and dp_mesh.size() > 1:
-        return ZeroRedundancyOptimizer(
-            groups,
-            optimizer_class=torch.optim.AdamW,
-            process_group=dp_mesh.get_group(),
-            **kwargs,
-        )
-    return torch.optim.AdamW(groups, **kwargs)

@@ -15,6 +15,7 @@ import queue
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from workers.spec import JobSpec
@@ -28,6 +29,29 @@ class TrainingFailed(RuntimeError):
     """A rank raised or died; the message carries its error."""
 
 
+@dataclass(frozen=True)
+class LocalCheckpoints:
+    """`shardline train`'s checkpoint options: save into `folder`, maybe start from it."""
+
+    folder: str | None = None
+    resume: bool = False
+    stop_after_step: int | None = None  # stop (and checkpoint) after this step
+
+
+def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
+    """The engine's CheckpointPlan for a local run (imports torch: call in a rank)."""
+    from workers.engine.checkpoint import CheckpointPlan
+
+    ck = spec.checkpoint
+    return CheckpointPlan(
+        save_url=local.folder,
+        every_steps=ck.every_steps,
+        keep_last=ck.keep_last,
+        async_save=ck.async_save,
+        restore_from=[(local.folder, None)] if local.folder and local.resume else [],
+    )
+
+
 def run_rank(
     rank: int,
     world_size: int,
@@ -35,6 +59,7 @@ def run_rank(
     spec_json: str,
     report: Report,
     local_ranks: int,
+    local: LocalCheckpoints = LocalCheckpoints(),
 ) -> None:
     """Body of one rank: join the world, train, report (rank 0), leave."""
     # Imported here so the parent and the spec stay free of torch until a rank starts.
@@ -59,8 +84,19 @@ def run_rank(
     )
     try:
         sink = (lambda m: report("metrics", m)) if rank == 0 else None
-        trainer = Trainer(spec, world_size=world_size, device=device, on_metrics=sink)
-        summary = trainer.train()
+        trainer = Trainer(
+            spec,
+            world_size=world_size,
+            device=device,
+            on_metrics=sink,
+            checkpoints=checkpoint_plan(spec, local),
+            on_event=(lambda message, data: report("event", message)) if rank == 0 else None,
+        )
+        stop_at = local.stop_after_step
+        summary = trainer.train(
+            (lambda: trainer.step >= stop_at) if stop_at is not None else None,
+            save_on_stop=lambda: True,
+        )
     except BaseException:
         abandon_world()
         raise
@@ -69,7 +105,14 @@ def run_rank(
         report("summary", summary)
 
 
-def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str, events: mp.Queue) -> None:
+def _spawned_rank(
+    rank: int,
+    world_size: int,
+    port: int,
+    spec_json: str,
+    events: mp.Queue,
+    local: LocalCheckpoints,
+) -> None:
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(message)s")
     try:
         run_rank(
@@ -79,6 +122,7 @@ def _spawned_rank(rank: int, world_size: int, port: int, spec_json: str, events:
             spec_json,
             lambda kind, payload: events.put((kind, payload)),
             world_size,
+            local,
         )
     except BaseException as err:
         events.put(
@@ -107,6 +151,8 @@ def train_local(
     spec: JobSpec,
     nproc: int,
     on_metrics: Callable[[dict[str, Any]], None] | None = None,
+    local: LocalCheckpoints = LocalCheckpoints(),
+    on_event: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on `nproc` local processes; returns rank 0's summary."""
     from workers.engine.distributed import free_port
@@ -117,14 +163,16 @@ def train_local(
     port = free_port()
     procs = [
         ctx.Process(
-            target=_spawned_rank, args=(r, nproc, port, spec.model_dump_json(), events), daemon=True
+            target=_spawned_rank,
+            args=(r, nproc, port, spec.model_dump_json(), events, local),
+            daemon=True,
         )
         for r in range(nproc)
     ]
     for p in procs:
         p.start()
     try:
-        return _collect(procs, events, on_metrics)
+        return _collect(procs, events, on_metrics, on_event)
     finally:
         for p in procs:
             if p.is_alive():
@@ -133,7 +181,10 @@ def train_local(
 
 
 def _collect(
-    procs: list[Any], events: mp.Queue, on_metrics: Callable[[dict[str, Any]], None] | None
+    procs: list[Any],
+    events: mp.Queue,
+    on_metrics: Callable[[dict[str, Any]], None] | None,
+    on_event: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     summary: dict[str, Any] | None = None
     while True:
@@ -150,6 +201,11 @@ def _collect(
             continue
         if kind == "metrics" and on_metrics is not None:
             on_metrics(payload)
+        elif kind == "event":
+            if on_event is not None:
+                on_event(payload)
+            else:
+                log.info("%s", payload)
         elif kind == "summary":
             summary = payload
         elif kind == "error":
@@ -158,7 +214,9 @@ def _collect(
             )
 
 
-def train_under_torchrun(spec: JobSpec, report: Report) -> None:
+def train_under_torchrun(
+    spec: JobSpec, report: Report, local: LocalCheckpoints = LocalCheckpoints()
+) -> None:
     """This process is one rank of a torchrun world."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec.check_world_size(world)
@@ -170,4 +228,5 @@ def train_under_torchrun(spec: JobSpec, report: Report) -> None:
         spec.model_dump_json(),
         report,
         int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        local,
     )

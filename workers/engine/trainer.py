@@ -20,17 +20,26 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint
 from workers.engine.accounting import memory_held, peak_flops
+from workers.engine.checkpoint import Checkpointer, CheckpointPlan, CommitSink, EventSink
 from workers.engine.data import build_loader
-from workers.engine.data_parallel import all_reduce_grads, build_optimizer
+from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
 from workers.engine.loss import cross_entropy, loss_context
+from workers.engine.optimizer import Optimizers
 from workers.engine.parallel import ParallelDims
 from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
-from workers.engine.schedule import build_scheduler
+from workers.engine.schedule import lr_at
+from workers.engine.train_state import (
+    apply_small_state,
+    apply_tensor_state,
+    small_state,
+    tensor_state,
+)
 from workers.spec import JobSpec, Precision
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,9 @@ class Trainer:
         on_metrics: MetricsSink | None = None,
         on_step: Callable[[int], None] | None = None,
         grad_hook: GradHook | None = None,
+        checkpoints: CheckpointPlan | None = None,
+        on_event: EventSink | None = None,
+        on_checkpoint: CommitSink | None = None,
     ) -> None:
         self.spec = spec
         self.device = device
@@ -65,20 +77,15 @@ class Trainer:
 
         self.parts = build_model_parts(spec, dims=self.dims, mesh=mesh, device=device)
         self.tokens_per_step = tr.global_batch_size * spec.model.resolved()["seq_len"]
-        self.optimizer = build_optimizer(
-            nn.ModuleList(self.parts.modules),
+        state_mesh = mesh["dp", "tp"] if self.dims.tp > 1 else self.dp_mesh
+        self.optimizers = Optimizers(
+            self.parts.modules,
             zero_stage=self.dims.effective_zero_stage,
             dp_mesh=self.dp_mesh,
+            state_mesh=state_mesh,
             lr=tr.lr,
             weight_decay=tr.weight_decay,
             device=device,
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            lr=tr.lr,
-            min_lr=tr.min_lr,
-            warmup_steps=tr.warmup_steps,
-            total_steps=tr.steps,
         )
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
         self.pipeline = None
@@ -99,6 +106,24 @@ class Trainer:
         self.step = 0
         self.peak_flops = peak_flops(device)
         self.layout = f"{self.dims.describe()},{spec.precision.value}"
+        self.on_event = on_event or (lambda message, data: log.info("%s", message))
+        self.plan = checkpoints or CheckpointPlan()
+        self.checkpointer: Checkpointer | None = None
+        self.restored: CommittedCheckpoint | None = None
+        if self.plan.save_url or self.plan.restore_from:
+            self.checkpointer = Checkpointer(
+                CheckpointStore(self.plan.save_url) if self.plan.save_url else None,
+                keep_last=self.plan.keep_last,
+                async_save=self.plan.async_save,
+                info={
+                    "layout": self.layout,
+                    "spec": spec.model_dump(mode="json"),
+                    "versions": {"torch": torch.__version__},
+                },
+                on_event=self.on_event,
+                on_commit=on_checkpoint,
+            )
+            self.restored = self._restore()
 
     @property
     def model(self) -> nn.Module:
@@ -181,6 +206,14 @@ class Trainer:
             self.grad_hook(step, self.parts.modules)
 
         params = self.parts.parameters()
+        lr = lr_at(
+            step,
+            lr=self.spec.train.lr,
+            min_lr=self.spec.train.min_lr,
+            warmup_steps=self.spec.train.warmup_steps,
+            total_steps=self.spec.train.steps,
+        )
+        self.optimizers.set_lr(lr)
         settle_partial_grads(params)
         skipped = self.scaler.unscale_and_check(params)
         grad_norm = math.nan
@@ -190,13 +223,11 @@ class Trainer:
                 self.spec.train.grad_clip or math.inf,
                 stage_ranks=self.dims.dp * self.dims.tp,
             )
-            self.optimizer.step()
+            self.optimizers.step()
         self.scaler.update(skipped)
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         logged = self._should_log(step)
-        memory = self._max_over_world(memory_held(params, self.optimizer)) if logged else None
-        self.optimizer.zero_grad(set_to_none=True)
+        memory = self._max_over_world(memory_held(params, self.optimizers)) if logged else None
+        self.optimizers.zero_grad(set_to_none=True)
         loss_value = self._global_mean(local_loss)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -263,22 +294,70 @@ class Trainer:
         every = self.spec.train.eval_every
         return bool(self.val_batches) and every > 0 and (step % every == 0 or step == 1)
 
-    def train(self, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """Train to `train.steps` (or until `should_stop()`); returns the run summary."""
+    def _should_save(self, step: int) -> bool:
+        every = self.plan.every_steps
+        return bool(self.plan.save_url) and (
+            (every > 0 and step % every == 0) or step == self.spec.train.steps
+        )
+
+    def save_checkpoint(self) -> float:
+        """Checkpoint the state after `self.step`; returns the seconds training was held."""
+        assert self.checkpointer is not None
+        return self.checkpointer.save(
+            self.step,
+            tensor_state(self.parts, self.optimizers),
+            small_state(self.step, self.scaler),
+        )
+
+    def _restore(self) -> CommittedCheckpoint | None:
+        assert self.checkpointer is not None
+        found = self.checkpointer.restore(
+            self.plan, lambda: tensor_state(self.parts, self.optimizers)
+        )
+        if found is None:
+            return None
+        ckpt, state = found
+        apply_tensor_state(self.parts, self.optimizers, state)
+        self.step = apply_small_state(ckpt.manifest["trainer"], self.scaler)
+        return ckpt
+
+    def train(
+        self,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        save_on_stop: Callable[[], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Train to `train.steps` (or until `should_stop()`, then checkpoint if
+        `save_on_stop`); returns the run summary."""
         total = self.spec.train.steps
         step_times: list[float] = []
         last: dict[str, Any] = {}
-        log.info("training %s for %d steps (%s)", self.spec.name, total, self.layout)
+        saved_step = self.step if self.restored else None
+        log.info(
+            "training %s for %d steps (%s) from step %d",
+            self.spec.name,
+            total,
+            self.layout,
+            self.step,
+        )
         while self.step < total and not (should_stop and should_stop()):
             metrics = self.train_step()
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
+            if self._should_save(self.step):
+                metrics["checkpoint_blocking_s"] = self.save_checkpoint()
+                saved_step = self.step
             last = metrics
             if self._should_log(self.step) and self.on_metrics is not None:
                 self.on_metrics(metrics)
             if self.on_step is not None:
                 self.on_step(self.step)
+        wants_save = save_on_stop is not None and save_on_stop()
+        if wants_save and self.plan.save_url and saved_step != self.step and self.step > 0:
+            self.save_checkpoint()
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
         return self._summary(last, step_times)
 
     def _peak_memory(self) -> int:

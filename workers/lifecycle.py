@@ -1,4 +1,8 @@
-"""Job states and the legal edges between them (shared/ARCHITECTURE.md, "Job states")."""
+"""The job lifecycle, defined once: states, legal edges, which are terminal.
+
+Imported by the job store, the supervisor, the reconciler, the SDK and the CLI
+(shared/ARCHITECTURE.md, "Job states"). Pure Python: the SDK imports it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ class JobState(StrEnum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"
+    PAUSING = "PAUSING"
+    PAUSED = "PAUSED"
     CANCELLING = "CANCELLING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -22,12 +28,17 @@ class JobState(StrEnum):
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE = frozenset(JobState) - TERMINAL
+# States in which a job has a supervisor (QUEUED and PAUSED jobs hold nothing on Ray).
+SUPERVISED = ACTIVE - {JobState.QUEUED, JobState.PAUSED}
 
 _FORWARD: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.STARTING}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.RESTARTING}),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.RESTARTING}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.RESTARTING, JobState.PAUSING}),
     JobState.RESTARTING: frozenset({JobState.RUNNING}),
+    # A job may finish its last step before the pause takes effect.
+    JobState.PAUSING: frozenset({JobState.PAUSED, JobState.SUCCEEDED}),
+    JobState.PAUSED: frozenset({JobState.QUEUED}),
     JobState.CANCELLING: frozenset({JobState.CANCELLED}),
 }
 

@@ -1,0 +1,156 @@
+"""Checkpoint save and restore throughput next to the raw disk, in one run; one JSON line.
+
+    .venv/bin/python -m bench.checkpoint [--dim 1024] [--layers 8] [--dir /path/on/disk]
+
+One process builds a model with AdamW state (one training step), then, in the same folder:
+- writes and fsyncs the same number of bytes sequentially (the disk's raw write), and reads
+  them back (raw read);
+- saves a synchronous checkpoint (DCP write, fsync, checksums, manifest, commit) and
+  restores it (verify every file, DCP load into the live tensors);
+- saves asynchronously and reports how long training was held, next to the synchronous
+  save's time.
+Reads come right after writes in both cases, so both may be served from the page cache:
+the comparison is like for like, not a cold-disk figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.checkpoint_store import CheckpointStore
+from workers.engine.checkpoint import Checkpointer, CheckpointPlan
+from workers.engine.distributed import free_port, init_world, leave_world
+from workers.engine.train_state import small_state, tensor_state
+from workers.engine.trainer import Trainer
+from workers.spec import JobSpec
+
+CHUNK = 8 << 20
+
+
+def raw_write_read(folder: Path, nbytes: int) -> tuple[float, float]:
+    """Seconds to write (with fsync) and read back `nbytes` sequentially."""
+    block = os.urandom(CHUNK)
+    path = folder / "raw.bin"
+    start = time.perf_counter()
+    with path.open("wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(block[: min(left, CHUNK)])
+        f.flush()
+        os.fsync(f.fileno())
+    write_s = time.perf_counter() - start
+    start = time.perf_counter()
+    with path.open("rb") as f:
+        while f.read(CHUNK):
+            pass
+    read_s = time.perf_counter() - start
+    path.unlink()
+    return write_s, read_s
+
+
+def build(dim: int, layers: int) -> Trainer:
+    spec = JobSpec.model_validate(
+        {
+            "name": "bench-checkpoint",
+            "model": {
+                "preset": "tiny",
+                "dim": dim,
+                "n_layers": layers,
+                "n_heads": 16,
+                "n_kv_heads": 16,
+                "vocab_size": 32000,
+                "seq_len": 64,
+            },
+            "train": {"steps": 1, "global_batch_size": 1, "micro_batch_size": 1},
+        }
+    )
+    trainer = Trainer(spec, world_size=1, device=torch.device("cpu"))
+    trainer.train()  # AdamW state exists after one step
+    return trainer
+
+
+def checkpointer(folder: Path, async_save: bool) -> Checkpointer:
+    return Checkpointer(
+        CheckpointStore(str(folder)),
+        keep_last=10,
+        async_save=async_save,
+        info={"layout": "bench"},
+        on_event=lambda message, data: None,
+    )
+
+
+def measure(trainer: Trainer, folder: Path) -> dict[str, Any]:
+    state = tensor_state(trainer.parts, trainer.optimizers)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    raw_write_s, raw_read_s = raw_write_read(folder, nbytes)
+
+    sync = checkpointer(folder / "sync", async_save=False)
+    sync_s = sync.save(1, state, small_state(1, trainer.scaler))
+    start = time.perf_counter()
+    restored = sync.restore(
+        CheckpointPlan(restore_from=[(str(folder / "sync"), None)]), lambda: state
+    )
+    restore_s = time.perf_counter() - start
+    assert restored is not None and restored[0].step == 1
+
+    background = checkpointer(folder / "async", async_save=True)
+    start = time.perf_counter()
+    blocking_s = background.save(1, state, small_state(1, trainer.scaler))
+    background.wait()
+    async_total_s = time.perf_counter() - start
+    gb = nbytes / 1e9
+    return {
+        "checkpoint_bytes": nbytes,
+        "raw_write_GBps": round(gb / raw_write_s, 3),
+        "save_GBps": round(gb / sync_s, 3),
+        "save_vs_raw_write": round(raw_write_s / sync_s, 3),
+        "raw_read_GBps": round(gb / raw_read_s, 3),
+        "restore_GBps": round(gb / restore_s, 3),
+        "restore_vs_raw_read": round(raw_read_s / restore_s, 3),
+        "sync_save_s": round(sync_s, 3),
+        "async_blocking_s": round(blocking_s, 4),
+        "async_total_s": round(async_total_s, 3),
+        "async_blocking_vs_sync": round(blocking_s / sync_s, 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--dir", default=None, help="folder on the disk to measure")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
+    init_world(
+        rank=0,
+        world_size=1,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        device=torch.device("cpu"),
+    )
+    try:
+        trainer = build(args.dim, args.layers)
+        params = sum(p.numel() for p in trainer.parts.parameters())
+        result = {
+            "bench": "checkpoint",
+            "params": params,
+            "folder": str(folder),
+            **measure(trainer, folder),
+        }
+        print(json.dumps(result))
+    finally:
+        leave_world()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

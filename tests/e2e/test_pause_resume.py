@@ -1,0 +1,71 @@
+"""Pause and resume through the service: the pause saves a checkpoint and frees the
+workers; the resumed job continues from it with every step's loss equal to an
+uninterrupted `shardline train` of the same spec."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+
+from api.client import Client
+from tests.e2e.conftest import Service, leftovers
+from workers.engine.launch import train_local
+from workers.spec import JobSpec
+
+ServiceFactory = Callable[..., AbstractContextManager[Service]]
+STEPS = 60
+# Generous limits: a loaded 2-core machine is slow, and the assertions are about what
+# happened, not how fast.
+LIMIT_S = 300.0
+
+BODY: dict[str, Any] = {
+    "name": "e2e-pause",
+    "model": {"preset": "tiny", "seq_len": 32},
+    "parallel": {"dp": 2, "tp": 2, "zero_stage": 1},
+    "train": {"steps": STEPS, "global_batch_size": 4, "micro_batch_size": 1, "lr": 3e-3,
+              "log_every": 1, "seed": 5},
+}
+
+
+def wait_for(client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
+             ) -> dict[str, Any]:
+    deadline = time.monotonic() + LIMIT_S
+    while True:
+        job = client.get(job_id)
+        if predicate(job):
+            return job
+        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
+        time.sleep(0.2)
+
+
+def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactory) -> None:
+    reference: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(BODY), 4, on_metrics=reference.append)
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3)
+        assert c.pause(job["id"])["state"] in ("PAUSING", "PAUSED")
+        paused = wait_for(c, job["id"], lambda j: j["state"] == "PAUSED")
+        assert leftovers(svc.ray_address, job["id"]) == {"actors": [], "placement_groups": []}
+        checkpoints = c.checkpoints(job["id"])
+        assert len(checkpoints) == 1, checkpoints
+        at = checkpoints[0]["step"]
+        assert 3 <= at < STEPS and paused["latest_checkpoint"] == checkpoints[0]["path"]
+        assert checkpoints[0]["bytes"] > 0 and checkpoints[0]["save_s"] > 0
+        assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=2,zero=1")
+
+        assert c.resume(job["id"])["state"] == "QUEUED"
+        done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"))
+        assert done["state"] == "SUCCEEDED", done
+        metrics = c.metrics(job["id"])
+        events = [e["message"] for e in c.events(job["id"], after=0)]
+
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for got, want in zip(metrics, reference, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+    assert any(f"restored checkpoint step {at}" in e for e in events), events
+    assert any(e == f"paused after step {at}" for e in events), events

@@ -1,0 +1,100 @@
+"""Pausing a job: the supervisor stops its ranks with a checkpoint, frees them, and ends
+PAUSED; checkpoint commits and rank events reach the progress buffer once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import workers.supervisor as supervisor_module
+from workers.lifecycle import JobState
+from workers.progress import EntryKind
+from workers.spec import JobSpec
+from workers.supervisor import JobSupervisor, checkpoint_targets
+from workers.worker import WorkerPhase
+
+
+def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "phase": phase,
+        "step": step,
+        "loss": 1.0,
+        "last_progress": time.time(),
+        "error": None,
+        "metrics": [],
+        "events": [],
+        "checkpoints": [],
+        "summary": None,
+        **extra,
+    }
+
+
+class PausableWorkers:
+    """Two ranks that train until asked to stop, then report a checkpoint and stop."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.stopping = False
+
+    def reserve(self, timeout_s: float) -> list[str]:
+        return ["node-a", "node-a"]
+
+    def start(self, join_timeout_s: float) -> None:
+        self.calls.append("start")
+
+    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+        if not self.stopping:
+            return [status(0, WorkerPhase.TRAINING, 5), status(1, WorkerPhase.TRAINING, 5)]
+        commit = {
+            "step": 6,
+            "path": "/x/step-00000006",
+            "bytes": 10,
+            "layout": "l",
+            "save_s": 0.5,
+            "blocking_s": 0.5,
+            "deleted": [],
+        }
+        event = {"message": "checkpoint step 6 committed", "data": {"step": 6}}
+        first = status(0, WorkerPhase.STOPPED, 6, checkpoints=[commit], events=[event])
+        self.stopping = False  # reported once, as a real rank does
+        self.stopped = True
+        return [first, status(1, WorkerPhase.STOPPED, 6)]
+
+    def request_stop(self, save: bool = False) -> None:
+        self.calls.append(f"stop(save={save})")
+        self.stopping = True
+
+    def kill_workers(self) -> None:
+        self.calls.append("kill")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+
+def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)
+    workers = PausableWorkers()
+    sup = JobSupervisor("job1", JobSpec(name="t").model_dump_json(), str(tmp_path), workers)
+    assert sup.step() == JobState.RUNNING
+    sup._enter(JobState.RUNNING)
+    assert sup.step() == JobState.RUNNING  # training, nothing asked
+    sup.pause()
+    assert sup.step() == JobState.PAUSED
+    assert workers.calls == ["start", "stop(save=True)", "release"]
+    entries = sup.buffer.after(0)
+    checkpoints = [e for e in entries if e["kind"] == EntryKind.CHECKPOINT]
+    assert [c["step"] for c in checkpoints] == [6]
+    assert any(e["kind"] == EntryKind.EVENT and "committed" in e["message"] for e in entries)
+    assert sup._reason == "paused after step 6"
+
+
+def test_a_job_resumes_from_its_own_checkpoints_before_resume_from(tmp_path: Path) -> None:
+    spec = JobSpec(name="t", resume_from={"job_id": "src1", "step": 4})  # type: ignore[arg-type]
+    targets = checkpoint_targets(spec, str(tmp_path), "job2")
+    assert targets.save_dir == str(tmp_path / "job2" / "checkpoints")
+    assert targets.restore_from == [
+        (str(tmp_path / "job2" / "checkpoints"), None),
+        (str(tmp_path / "src1" / "checkpoints"), 4),
+    ]
