@@ -58,7 +58,11 @@ class CheckpointStore:
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.fs, self.root = url_to_fs(self.url)
+        remote = "://" in self.url and not self.url.startswith("file://")
+        # An object store's listings must be read fresh: other ranks and processes commit.
+        self.fs, self.root = url_to_fs(
+            self.url, **({"use_listings_cache": False} if remote else {})
+        )
         self.atomic_rename = isinstance(self.fs, LocalFileSystem)
 
     def _join(self, *parts: str) -> str:
@@ -171,7 +175,8 @@ class CheckpointStore:
             for name in files:
                 self.fs.mv(f"{staging}/{name}", f"{final}/{name}")
             self._write_manifest(final, manifest)
-            self.fs.rm(staging, recursive=True)
+            if self.fs.exists(staging):  # an object store has no empty folders to remove
+                self.fs.rm(staging, recursive=True)
         log.info("committed checkpoint step %d (%d files)", step, len(files))
         return CommittedCheckpoint(step, final, manifest)
 

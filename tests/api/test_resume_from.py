@@ -54,9 +54,7 @@ def test_resume_from_needs_a_committed_checkpoint(
     assert c.submit({"name": "ok", "resume_from": {"job_id": source["id"], "step": 4}})
 
 
-def test_pause_and_resume_only_where_the_state_allows(
-    user_client: Callable[..., Client]
-) -> None:
+def test_pause_and_resume_only_where_the_state_allows(user_client: Callable[..., Client]) -> None:
     c = user_client()
     job = c.submit({"name": "queued"})
     with pytest.raises(Conflict, match="only a RUNNING job can be paused"):

@@ -37,8 +37,13 @@ def layout_spec(parallel: dict[str, Any], **sections: Any) -> JobSpec:
 def train(spec: JobSpec, local: LocalCheckpoints) -> tuple[list[dict[str, Any]], list[str]]:
     metrics: list[dict[str, Any]] = []
     events: list[str] = []
-    train_local(spec, spec.parallel.world_size, on_metrics=metrics.append, local=local,
-                on_event=events.append)
+    train_local(
+        spec,
+        spec.parallel.world_size,
+        on_metrics=metrics.append,
+        local=local,
+        on_event=events.append,
+    )
     return metrics, events
 
 
@@ -65,8 +70,9 @@ def folder_with_step(source: Path, step: int, dest: Path) -> str:
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
-def test_stopped_run_resumes_exactly(name: str, uninterrupted: dict[str, Any],
-                                     tmp_path: Path) -> None:
+def test_stopped_run_resumes_exactly(
+    name: str, uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
     """Stopped after step 3 (checkpoint on stop), resumed: steps 4..8 as if never stopped."""
     spec = layout_spec(SOURCES[name])
     first, _ = train(spec, LocalCheckpoints(str(tmp_path), stop_after_step=3))
@@ -79,8 +85,14 @@ def test_stopped_run_resumes_exactly(name: str, uninterrupted: dict[str, Any],
     for m in resumed:
         assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6), f"step {m['step']}"
         assert m["lr"] == pytest.approx(
-            lr_at(m["step"], lr=spec.train.lr, min_lr=spec.train.min_lr,
-                  warmup_steps=spec.train.warmup_steps, total_steps=STEPS))
+            lr_at(
+                m["step"],
+                lr=spec.train.lr,
+                min_lr=spec.train.min_lr,
+                warmup_steps=spec.train.warmup_steps,
+                total_steps=STEPS,
+            )
+        )
 
 
 @pytest.mark.parametrize("source", ["dp2-tp2-zero3", "pp2-tp2"])
@@ -106,7 +118,7 @@ def test_checkpoint_restores_into_another_layout(
 
 
 def test_keep_last_holds_and_only_committed_checkpoints_are_listed(
-    uninterrupted: dict[str, Any]
+    uninterrupted: dict[str, Any],
 ) -> None:
     folder: Path = uninterrupted["dp2-zero1"]["folder"]
     store = CheckpointStore(str(folder))

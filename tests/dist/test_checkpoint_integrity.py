@@ -18,19 +18,35 @@ from workers.engine.checkpoint import CheckpointPlan
 from workers.engine.trainer import Trainer
 
 
-def make_trainer(folder: Path, *, resume: bool, async_save: bool = False,
-                 events: list[str] | None = None, commits: list[dict[str, Any]] | None = None,
-                 steps: int = 6) -> Trainer:
-    spec = tiny_spec(train={"steps": steps, "warmup_steps": 1},
-                     checkpoint={"every_steps": 2, "keep_last": 5, "async_save": async_save})
+def make_trainer(
+    folder: Path,
+    *,
+    resume: bool,
+    async_save: bool = False,
+    events: list[str] | None = None,
+    commits: list[dict[str, Any]] | None = None,
+    steps: int = 6,
+) -> Trainer:
+    spec = tiny_spec(
+        train={"steps": steps, "warmup_steps": 1},
+        checkpoint={"every_steps": 2, "keep_last": 5, "async_save": async_save},
+    )
     plan = CheckpointPlan(
-        save_url=str(folder), every_steps=2, keep_last=5, async_save=async_save,
+        save_url=str(folder),
+        every_steps=2,
+        keep_last=5,
+        async_save=async_save,
         restore_from=[(str(folder), None)] if resume else [],
     )
     sink = events.append if events is not None else None
-    return Trainer(spec, world_size=1, device=torch.device("cpu"), checkpoints=plan,
-                   on_event=(lambda message, data: sink(message)) if sink else None,
-                   on_checkpoint=commits.append if commits is not None else None)
+    return Trainer(
+        spec,
+        world_size=1,
+        device=torch.device("cpu"),
+        checkpoints=plan,
+        on_event=(lambda message, data: sink(message)) if sink else None,
+        on_checkpoint=commits.append if commits is not None else None,
+    )
 
 
 def trained(folder: Path, **kwargs: Any) -> Trainer:
@@ -40,7 +56,8 @@ def trained(folder: Path, **kwargs: Any) -> Trainer:
 
 
 def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(
-        one_rank_world: torch.device, tmp_path: Path) -> None:
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
     trained(tmp_path)
     shard = tmp_path / "step-00000006" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:1000])
@@ -50,8 +67,9 @@ def test_truncated_shard_is_skipped_and_the_previous_checkpoint_used(
     assert any("checkpoint step 6 skipped: __0_0.distcp has 1000 bytes" in e for e in events)
 
 
-def test_wrong_checksum_in_manifest_is_skipped(one_rank_world: torch.device,
-                                               tmp_path: Path) -> None:
+def test_wrong_checksum_in_manifest_is_skipped(
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
     trained(tmp_path)
     path = tmp_path / "step-00000006" / MANIFEST
     manifest = json.loads(path.read_text())
@@ -63,13 +81,13 @@ def test_wrong_checksum_in_manifest_is_skipped(one_rank_world: torch.device,
     assert any("skipped: __0_0.distcp has checksum" in e for e in events), events
 
 
-def test_restored_state_equals_the_saved_state(one_rank_world: torch.device,
-                                               tmp_path: Path) -> None:
+def test_restored_state_equals_the_saved_state(
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
     first = trained(tmp_path)
     again = make_trainer(tmp_path, resume=True)
     assert again.step == 6
-    for (name, p), q in zip(first.model.named_parameters(), again.model.parameters(),
-                            strict=True):
+    for (name, p), q in zip(first.model.named_parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q), name
     opt_a, opt_b = first.optimizers.state_dict(), again.optimizers.state_dict()
     assert opt_a.keys() == opt_b.keys() and len(opt_a) > 0
@@ -77,9 +95,9 @@ def test_restored_state_equals_the_saved_state(one_rank_world: torch.device,
         assert torch.equal(opt_a[key], opt_b[key]), key
 
 
-def test_a_save_that_dies_half_way_commits_nothing(one_rank_world: torch.device,
-                                                   tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_save_that_dies_half_way_commits_nothing(
+    one_rank_world: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = make_trainer(tmp_path, resume=False, steps=2)
 
     def die(*args: Any) -> None:
@@ -98,7 +116,8 @@ def test_a_save_that_dies_half_way_commits_nothing(one_rank_world: torch.device,
 
 
 def test_async_save_commits_in_the_background_and_reports_its_times(
-        one_rank_world: torch.device, tmp_path: Path) -> None:
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
     commits: list[dict[str, Any]] = []
     trainer = trained(tmp_path, async_save=True, commits=commits)
     assert [c["step"] for c in commits] == [2, 4, 6]
@@ -112,7 +131,8 @@ def test_async_save_commits_in_the_background_and_reports_its_times(
 
 
 def test_a_run_that_finds_nothing_to_restore_trains_like_a_fresh_one(
-        one_rank_world: torch.device, tmp_path: Path) -> None:
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
     """Looking for a checkpoint and finding none usable (a service job's first start, or
     only a corrupt one) must leave the fresh state untouched."""
     trained(tmp_path / "b", steps=2)

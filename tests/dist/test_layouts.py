@@ -22,6 +22,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp2-dp2-tp2-zero2": {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 2},
     "tp2-sequence-parallel": {"tp": 2, "sequence_parallel": True},
     "dp2-tp2-zero0": {"dp": 2, "tp": 2, "zero_stage": 0},
+    "dp2-tp2-zero1": {"dp": 2, "tp": 2, "zero_stage": 1},
 }
 
 

@@ -26,13 +26,20 @@ BODY: dict[str, Any] = {
     "name": "e2e-pause",
     "model": {"preset": "tiny", "seq_len": 32},
     "parallel": {"dp": 2, "tp": 2, "zero_stage": 1},
-    "train": {"steps": STEPS, "global_batch_size": 4, "micro_batch_size": 1, "lr": 3e-3,
-              "log_every": 1, "seed": 5},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "lr": 3e-3,
+        "log_every": 1,
+        "seed": 5,
+    },
 }
 
 
-def wait_for(client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
-             ) -> dict[str, Any]:
+def wait_for(
+    client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
     deadline = time.monotonic() + LIMIT_S
     while True:
         job = client.get(job_id)

@@ -7,6 +7,7 @@ attribute so checkpointing can save and restore all of it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import resource
@@ -118,6 +119,7 @@ class Trainer:
                 info={
                     "layout": self.layout,
                     "spec": spec.model_dump(mode="json"),
+                    "spec_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
                     "versions": {"torch": torch.__version__},
                 },
                 on_event=self.on_event,
