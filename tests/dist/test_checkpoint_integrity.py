@@ -6,6 +6,11 @@ One rank in this process (the `one_rank_world` fixture) drives a Trainer directl
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +153,49 @@ def test_a_run_that_finds_nothing_to_restore_trains_like_a_fresh_one(
         trainer.train()
         losses.append([m["loss"] for m in metrics])
     assert len(losses[0]) == 6 and losses[0] == losses[1]
+
+
+def test_keep_last_never_deletes_the_checkpoint_restored_from(
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
+    trained(tmp_path, steps=2)
+    spec = tiny_spec(
+        train={"steps": 6, "warmup_steps": 1}, checkpoint={"every_steps": 2, "keep_last": 1}
+    )
+    plan = CheckpointPlan(
+        save_url=str(tmp_path), every_steps=2, keep_last=1, restore_from=[(str(tmp_path), None)]
+    )
+    trainer = Trainer(spec, world_size=1, device=torch.device("cpu"), checkpoints=plan)
+    assert trainer.step == 2
+    trainer.train()
+    assert [c.step for c in CheckpointStore(str(tmp_path)).committed()] == [6, 2]
+
+
+def test_a_process_killed_while_saving_leaves_no_committed_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL `shardline train` the moment a save starts: nothing half-written counts."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: killed\n"
+        "model: {preset: tiny, dim: 512, n_layers: 4, n_heads: 8, n_kv_heads: 8,"
+        " vocab_size: 4096, seq_len: 32}\n"
+        "train: {steps: 50, global_batch_size: 2, micro_batch_size: 1}\n"
+        "checkpoint: {every_steps: 3}\n"
+    )
+    folder = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "train", str(spec), "--checkpoint-dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not any(folder.glob(".staging-*/*.distcp")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no save started"
+            time.sleep(0.005)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert CheckpointStore(str(folder)).committed() == []
+    staged = [p.name for p in folder.iterdir()]
+    assert staged == [".staging-step-00000003"], staged
