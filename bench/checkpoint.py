@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workers.checkpoint_store import CheckpointStore
+from workers.checkpoint_store import CheckpointStore, RestoreSource
 from workers.engine.checkpoint import Checkpointer, CheckpointPlan
 from workers.engine.distributed import free_port, init_world, leave_world
 from workers.engine.train_state import small_state, tensor_state
@@ -97,7 +97,7 @@ def measure(trainer: Trainer, folder: Path) -> dict[str, Any]:
     sync_s = sync.save(1, state, small_state(1, trainer.scaler))
     start = time.perf_counter()
     restored = sync.restore(
-        CheckpointPlan(restore_from=[(str(folder / "sync"), None)]), lambda: state
+        CheckpointPlan(restore_from=[RestoreSource(str(folder / "sync"))]), lambda: state
     )
     restore_s = time.perf_counter() - start
     assert restored is not None and restored[0].step == 1

@@ -53,7 +53,13 @@ class RaySupervisors:
                 namespace=NAMESPACE,
                 lifetime="detached",
                 get_if_exists=True,
-            ).remote(job.id, spec_json, self.storage_root)
+            ).remote(
+                job.id,
+                spec_json,
+                self.storage_root,
+                # What the database holds: a replacement supervisor replays the rest.
+                recorded_step=job.current_step,
+            )
         ray.get(handle.start.remote(), timeout=60)
 
     def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from service.loop import PeriodicLoop
 from service.models import Job
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from workers.lifecycle import SUPERVISED, TERMINAL, JobState
+from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class Supervisors(Protocol):
     """How the reconciler reaches supervisors (Ray in production)."""
 
     def exists(self, job_id: str) -> bool: ...
+    def launch(self, job: Job) -> None: ...
     def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None: ...
     def cancel(self, job_id: str) -> None: ...
     def pause(self, job_id: str) -> None: ...
@@ -127,10 +129,28 @@ class Reconciler(PeriodicLoop):
                 expected_version=job.version,
             )
             return
-        self.store.transition(
+        self._relaunch(job)
+
+    def _relaunch(self, job: Job) -> None:
+        """A lost supervisor took its workers and placement group with it: start a new one,
+        which restores the job's newest committed checkpoint, while failures allow."""
+        max_failures = JobSpec.model_validate(job.spec).fault_tolerance.max_failures
+        if job.restarts >= max_failures:
+            reason = (
+                f"the job's supervisor actor is gone after {job.restarts} restart(s) "
+                f"(fault_tolerance.max_failures={max_failures})"
+            )
+            self.store.transition(
+                job.id,
+                JobState.FAILED,
+                reason,
+                expected_version=job.version,
+                failure_reason=reason,
+            )
+            return
+        job = self.store.restart_supervisor(
             job.id,
-            JobState.FAILED,
-            "the job's supervisor actor is gone",
+            "the job's supervisor actor is gone; starting a new one from the newest checkpoint",
             expected_version=job.version,
-            failure_reason="the job's supervisor actor is gone",
         )
+        self.supervisors.launch(job)

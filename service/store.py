@@ -267,6 +267,29 @@ class JobStore:
             job_id, JobState.QUEUED, reason, expected_version=job.version, reconciled_seq=0
         )
 
+    def restart_supervisor(self, job_id: str, reason: str, *, expected_version: int) -> Job:
+        """Record that the job's supervisor is being recreated: one more restart, and the
+        new supervisor's progress is read from its first entry. A job STARTING or RUNNING
+        becomes RESTARTING; one already RESTARTING stays so."""
+        job = self.get(job_id)
+        fields = {"restarts": job.restarts + 1, "reconciled_seq": 0}
+        if job.state != JobState.RESTARTING:
+            return self.transition(
+                job_id, JobState.RESTARTING, reason, expected_version=expected_version, **fields
+            )
+        with self.db.session() as s:
+            result = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.version == expected_version)
+                .values(version=expected_version + 1, **fields)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise ConcurrentUpdate(f"job {job_id} changed while restarting its supervisor")
+            s.add(_event(job_id, "state", reason, {"from": job.state, "to": job.state}))
+            s.commit()
+        return self.get(job_id)
+
     def set_queue_reason(self, job_id: str, reason: str | None) -> None:
         """Why a QUEUED job waits; not a change of state, so no version bump."""
         with self.db.session() as s:

@@ -33,6 +33,17 @@ _CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
+class RestoreSource:
+    """A checkpoints folder a run may start from: a given step, or (None) the newest."""
+
+    url: str
+    step: int | None = None
+
+    def accepts(self, step: int) -> bool:
+        return self.step is None or step == self.step
+
+
+@dataclass(frozen=True)
 class CommittedCheckpoint:
     step: int
     path: str

@@ -22,8 +22,11 @@ class FailurePolicy:
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
 
-    def decide(self, failures_so_far: int, error: str) -> Decision:
-        """`failures_so_far` counts this failure too."""
+    def decide(self, failures_so_far: int, error: str, *, deterministic: bool = False) -> Decision:
+        """`failures_so_far` counts this failure too. A deterministic failure (the job's own
+        spec or data cannot work) would fail the same way again: no retry."""
+        if deterministic:
+            return Decision(False, f"{error} (an error of the job itself: not retried)")
         if failures_so_far > self.max_failures:
             return Decision(
                 False,

@@ -33,5 +33,10 @@ class JobStorage:
         return sorted(int(s) for s in stems if s.isdigit())
 
     @property
+    def metrics_file(self) -> Path:
+        """Rank 0's logged metrics, one JSON object a line, appended as they come."""
+        return self.dir / "metrics.jsonl"
+
+    @property
     def checkpoints_dir(self) -> Path:
         return self.dir / "checkpoints"

@@ -8,11 +8,13 @@ reads with "everything after n".
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from typing import Any, Protocol
 
+from workers.checkpoint_store import RestoreSource
 from workers.failure_policy import FailurePolicy
 from workers.lifecycle import TERMINAL, JobState
 from workers.progress import EntryKind, ProgressBuffer
@@ -46,7 +48,12 @@ class Workers(Protocol):
 
 class JobSupervisor:
     def __init__(
-        self, job_id: str, spec_json: str, storage_root: str, workers: Workers | None = None
+        self,
+        job_id: str,
+        spec_json: str,
+        storage_root: str,
+        workers: Workers | None = None,
+        recorded_step: int | None = None,
     ) -> None:
         self.job_id = job_id
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -57,19 +64,39 @@ class JobSupervisor:
             from workers.worker_group import WorkerGroup
 
             workers = WorkerGroup(
-                job_id, self.spec, self.storage, checkpoint_targets(self.spec, storage_root, job_id)
+                job_id,
+                self.spec,
+                self.storage,
+                checkpoint_targets(self.spec, storage_root, job_id),
             )
         self.workers = workers
         self.policy = FailurePolicy(self.spec.fault_tolerance.max_failures)
         self.buffer = ProgressBuffer()
         self.state = JobState.STARTING
         self.failures = 0
-        self.reported_step = 0  # metrics up to here were sent; a restart must not resend
+        # Metrics up to here are recorded or buffered; a restart must not resend them. A
+        # supervisor replacing a lost one starts from what the database holds.
+        self.reported_step = recorded_step or 0
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
         # Why the state is about to change, for the event of the transition.
         self._reason = ""
+
+    def _replay_logged_metrics(self) -> None:
+        """Buffer what rank 0 logged after `reported_step` but nobody passed on: metrics a
+        killed rank 0 held since the last poll, or a lost predecessor's. The workers about
+        to start resume from the newest checkpoint, which may be past those steps."""
+        if not self.storage.metrics_file.is_file():
+            return
+        for line in self.storage.metrics_file.read_text(encoding="utf-8").splitlines():
+            try:
+                metrics = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short when its writer died
+                continue
+            if metrics["step"] > self.reported_step:
+                self.buffer.append(EntryKind.METRICS, step=metrics["step"], values=metrics)
+                self.reported_step = metrics["step"]
 
     # -- what the control plane calls --------------------------------------------------
 
@@ -134,6 +161,7 @@ class JobSupervisor:
         self.buffer.append(EntryKind.EVENT, message=message, data=data)
 
     def _launch(self, verb: str) -> JobState:
+        self._replay_logged_metrics()
         nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
         self._event(
             f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
@@ -157,11 +185,15 @@ class JobSupervisor:
                 self.buffer.append(EntryKind.CHECKPOINT, **commit)
 
     def _watch(self) -> JobState:
-        statuses = self.workers.poll(POLL_TIMEOUT_S)
+        # A rank that cannot answer (stopped, wedged in C++) is caught within the hang limit.
+        statuses = self.workers.poll(min(POLL_TIMEOUT_S, self.spec.fault_tolerance.hang_timeout_s))
         self._collect(statuses)
         failed = [s for s in statuses if s["phase"] == WorkerPhase.FAILED]
         if failed:
-            return self._on_failure("; ".join(str(s["error"]) for s in failed))
+            return self._on_failure(
+                "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
+                deterministic=any(s.get("deterministic") for s in failed),
+            )
         hung = self._hung_ranks(statuses)
         if hung:
             limit = self.spec.fault_tolerance.hang_timeout_s
@@ -175,13 +207,16 @@ class JobSupervisor:
         return JobState.RUNNING
 
     def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
+        # Joining has its own timeout (JOIN_TIMEOUT_S), and ranks already training wait,
+        # rightly, on one still building its model: only a fully started world can hang.
+        if any(s["phase"] in (WorkerPhase.IDLE, WorkerPhase.JOINING) for s in statuses):
+            return []
         limit = self.spec.fault_tolerance.hang_timeout_s
         now = time.time()
         hung = [
             s["rank"]
             for s in statuses
-            if s["phase"] in (WorkerPhase.JOINING, WorkerPhase.TRAINING)
-            and now - s["last_progress"] > limit
+            if s["phase"] == WorkerPhase.TRAINING and now - s["last_progress"] > limit
         ]
         if hung:
             front = max(s["step"] for s in statuses)
@@ -189,9 +224,9 @@ class JobSupervisor:
             return behind or hung  # name the ranks that were behind where there are some
         return []
 
-    def _on_failure(self, error: str) -> JobState:
+    def _on_failure(self, error: str, *, deterministic: bool = False) -> JobState:
         self.failures += 1
-        decision = self.policy.decide(self.failures, error)
+        decision = self.policy.decide(self.failures, error, deterministic=deterministic)
         self._event(f"failure: {decision.reason}", retry=decision.retry)
         self.workers.kill_workers()
         self._reason = decision.reason
@@ -244,8 +279,8 @@ def checkpoint_targets(spec: JobSpec, storage_root: str, job_id: str) -> Checkpo
     """The job saves into its own folder and starts from it; a job with `resume_from`
     starts from that job's checkpoint until it has one of its own."""
     own = str(JobStorage(storage_root, job_id).checkpoints_dir)
-    restore: list[tuple[str, int | None]] = [(own, None)]
+    restore = [RestoreSource(own)]
     if spec.resume_from is not None:
         source = JobStorage(storage_root, spec.resume_from.job_id).checkpoints_dir
-        restore.append((str(source), spec.resume_from.step))
+        restore.append(RestoreSource(str(source), step=spec.resume_from.step))
     return CheckpointTargets(save_dir=own, restore_from=restore)

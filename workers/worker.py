@@ -6,6 +6,7 @@ thread so `poll()` and `stop()` are served immediately even mid-step.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,9 +16,34 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from workers.checkpoint_store import RestoreSource
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
+
+
+# Errors a rank raises while building its training (model, data, tokenizer) because of
+# what the job asked for: they would happen again on every retry.
+JOB_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    FileNotFoundError,
+    IsADirectoryError,
+    PermissionError,
+    UnicodeDecodeError,
+    NotImplementedError,
+)
+
+
+def is_deterministic(err: BaseException, *, while_building: bool) -> bool:
+    """Whether `err` is the job's own (retrying cannot help) rather than infrastructure's
+    (a dead peer, a lost node, a collective timeout)."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return False
+    return while_building and isinstance(err, JOB_ERRORS)
 
 
 class WorkerPhase(StrEnum):
@@ -38,7 +64,7 @@ class CheckpointTargets:
     """Where a job's workers save (its own folder) and may start from, in order."""
 
     save_dir: str
-    restore_from: list[tuple[str, int | None]] = field(default_factory=list)
+    restore_from: list[RestoreSource] = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +77,7 @@ class WorkerStatus:
     loss: float | None
     last_progress: float  # wall-clock time of the last completed step (or of the start)
     error: str | None = None
+    deterministic: bool = False  # the error is the job's own: retrying cannot help
     # Rank 0 only, each since the previous poll:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # {"message", "data"}
@@ -71,10 +98,14 @@ class TrainingWorker:
         log_file: str,
         cpus: float = 1.0,
         checkpoints: CheckpointTargets | None = None,
+        metrics_file: str | None = None,
     ) -> None:
         self.job_id, self.rank, self.world_size = job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
         self.checkpoints = checkpoints
+        # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
+        # replays what never reached the database.
+        self._metrics_file = Path(metrics_file) if metrics_file else None
         self._log_handler = _log_to_file(Path(log_file))
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -84,6 +115,7 @@ class TrainingWorker:
         self._loss: float | None = None
         self._last_progress = time.time()
         self._error: str | None = None
+        self._deterministic = False
         self._unsent: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
         self._commits: list[dict[str, Any]] = []
@@ -119,6 +151,7 @@ class TrainingWorker:
         from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
         from workers.engine.trainer import Trainer
 
+        building = True
         try:
             device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
             init_world(
@@ -139,6 +172,7 @@ class TrainingWorker:
                 on_event=self._on_event,
                 on_checkpoint=self._on_checkpoint,
             )
+            building = False
             with self._lock:
                 self._phase = WorkerPhase.TRAINING
                 self._step = trainer.step
@@ -156,6 +190,7 @@ class TrainingWorker:
             abandon_world()
             with self._lock:
                 self._error = f"{type(err).__name__}: {err}"
+                self._deterministic = is_deterministic(err, while_building=building)
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
 
@@ -192,6 +227,9 @@ class TrainingWorker:
             self._last_progress = time.time()
 
     def _on_metrics(self, metrics: dict[str, Any]) -> None:
+        if self._metrics_file is not None:  # once per logged step: cheap next to a step
+            with self._metrics_file.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(metrics) + "\n")
         with self._lock:
             self._loss = metrics["loss"]
             if self.rank == 0:
@@ -208,6 +246,7 @@ class TrainingWorker:
                 self._loss,
                 self._last_progress,
                 self._error,
+                self._deterministic,
                 self._unsent,
                 self._events,
                 self._commits,

@@ -46,6 +46,7 @@ def dead_status(rank: int, error: str) -> dict[str, Any]:
         "loss": None,
         "last_progress": time.time(),
         "error": error,
+        "deterministic": False,
         "metrics": [],
         "events": [],
         "checkpoints": [],
@@ -105,6 +106,7 @@ class WorkerGroup:
                 str(self.storage.log_file(rank)),
                 res["CPU"],
                 self.checkpoints,
+                str(self.storage.metrics_file) if rank == 0 else None,
             )
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
@@ -130,15 +132,15 @@ class WorkerGroup:
         for rank, ref in enumerate(refs):
             if ref not in done:
                 statuses.append(
-                    dead_status(rank, f"rank {rank} did not answer a poll in {timeout_s:.0f}s")
+                    dead_status(
+                        rank, f"did not answer a poll in {timeout_s:.0f}s (hung or stopped)"
+                    )
                 )
                 continue
             try:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
-                statuses.append(
-                    dead_status(rank, f"rank {rank}'s actor died: {type(err).__name__}")
-                )
+                statuses.append(dead_status(rank, f"its actor died: {type(err).__name__}"))
         return statuses
 
     def request_stop(self, save: bool = False) -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
-from workers.checkpoint_store import MANIFEST, CheckpointStore
+from workers.checkpoint_store import MANIFEST, CheckpointStore, RestoreSource
 from workers.engine.checkpoint import CheckpointPlan
 from workers.engine.trainer import Trainer
 
@@ -41,7 +41,7 @@ def make_trainer(
         every_steps=2,
         keep_last=5,
         async_save=async_save,
-        restore_from=[(str(folder), None)] if resume else [],
+        restore_from=[RestoreSource(str(folder))] if resume else [],
     )
     sink = events.append if events is not None else None
     return Trainer(
@@ -163,7 +163,10 @@ def test_keep_last_never_deletes_the_checkpoint_restored_from(
         train={"steps": 6, "warmup_steps": 1}, checkpoint={"every_steps": 2, "keep_last": 1}
     )
     plan = CheckpointPlan(
-        save_url=str(tmp_path), every_steps=2, keep_last=1, restore_from=[(str(tmp_path), None)]
+        save_url=str(tmp_path),
+        every_steps=2,
+        keep_last=1,
+        restore_from=[RestoreSource(str(tmp_path))],
     )
     trainer = Trainer(spec, world_size=1, device=torch.device("cpu"), checkpoints=plan)
     assert trainer.step == 2

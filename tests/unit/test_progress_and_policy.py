@@ -35,3 +35,8 @@ def test_policy_retries_with_growing_backoff_then_gives_up() -> None:
     assert (first.retry, first.backoff_s) == (True, 1.0)
     assert (second.retry, second.backoff_s) == (True, 2.0)
     assert not third.retry and "max_failures=2" in third.reason
+
+
+def test_policy_never_retries_an_error_of_the_job_itself() -> None:
+    decision = FailurePolicy(max_failures=5).decide(1, "no such file", deterministic=True)
+    assert not decision.retry and "not retried" in decision.reason

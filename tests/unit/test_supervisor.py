@@ -77,8 +77,8 @@ def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _no_backoff(decide: Any) -> Any:
-    def wrapped(self: FailurePolicy, failures: int, error: str) -> Any:
-        d = decide(self, failures, error)
+    def wrapped(self: FailurePolicy, failures: int, error: str, **kwargs: Any) -> Any:
+        d = decide(self, failures, error, **kwargs)
         return type(d)(d.retry, d.reason, 0.0)
 
     return wrapped

@@ -3,11 +3,13 @@ PAUSED; checkpoint commits and rank events reach the progress buffer once."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import workers.supervisor as supervisor_module
+from workers.checkpoint_store import RestoreSource
 from workers.lifecycle import JobState
 from workers.progress import EntryKind
 from workers.spec import JobSpec
@@ -95,6 +97,24 @@ def test_a_job_resumes_from_its_own_checkpoints_before_resume_from(tmp_path: Pat
     targets = checkpoint_targets(spec, str(tmp_path), "job2")
     assert targets.save_dir == str(tmp_path / "job2" / "checkpoints")
     assert targets.restore_from == [
-        (str(tmp_path / "job2" / "checkpoints"), None),
-        (str(tmp_path / "src1" / "checkpoints"), 4),
+        RestoreSource(str(tmp_path / "job2" / "checkpoints")),
+        RestoreSource(str(tmp_path / "src1" / "checkpoints"), step=4),
     ]
+    own, source = targets.restore_from
+    assert [s for s in (6, 7, 8) if own.accepts(s)] == [6, 7, 8]
+    assert [s for s in (3, 4, 5) if source.accepts(s)] == [4]
+
+
+def test_a_replacement_supervisor_replays_metrics_the_database_never_got(
+    tmp_path: Path,
+) -> None:
+    logged = tmp_path / "job3" / "metrics.jsonl"
+    logged.parent.mkdir(parents=True)
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 9)]
+    logged.write_text("\n".join(lines) + '\n{"step": 9, "lo')  # the last write was cut
+    spec = JobSpec(name="t").model_dump_json()
+    sup = JobSupervisor("job3", spec, str(tmp_path), PausableWorkers(), recorded_step=5)
+    assert sup.step() == JobState.RUNNING
+    replayed = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.METRICS]
+    assert [e["step"] for e in replayed] == [6, 7, 8]
+    assert sup.reported_step == 8

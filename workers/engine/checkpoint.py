@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint
+from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint, RestoreSource
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ class CheckpointPlan:
     every_steps: int = 0
     keep_last: int = 2
     async_save: bool = False
-    # (checkpoints URL, step or None for the newest): the run's own folder comes first, so
-    # a restarted or resumed job continues from its own latest checkpoint.
-    restore_from: list[tuple[str, int | None]] = field(default_factory=list)
+    # The run's own folder comes first, so a restarted or resumed job continues from its
+    # own latest checkpoint; the first source that has one wins.
+    restore_from: list[RestoreSource] = field(default_factory=list)
 
 
 def _writer(store: CheckpointStore, path: str) -> Any:
@@ -222,11 +222,11 @@ class Checkpointer:
         found: list[Any] = [None]
         if self.rank == 0:
             listed = []
-            for url, step in plan.restore_from:
-                store = CheckpointStore(url)
+            for source in plan.restore_from:
+                store = CheckpointStore(source.url)
                 for ckpt in store.committed():
-                    if step is None or ckpt.step == step:
-                        listed.append((url, ckpt))
+                    if source.accepts(ckpt.step):
+                        listed.append((source.url, ckpt))
                 if listed:  # the first source that has any wins (own folder, then resume_from)
                     break
             found[0] = listed

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workers.checkpoint_store import RestoreSource
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
         every_steps=ck.every_steps,
         keep_last=ck.keep_last,
         async_save=ck.async_save,
-        restore_from=[(local.folder, None)] if local.folder and local.resume else [],
+        restore_from=[RestoreSource(local.folder)] if local.folder and local.resume else [],
     )
 
 

@@ -1,0 +1,175 @@
+"""Recovering from failures on a real local Ray cluster: a worker or the supervisor killed,
+a rank stopped; the job continues from its newest checkpoint with every step's loss equal
+to an uninterrupted run, each step recorded once. And when not to retry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from api.client import Client
+from tests.e2e.conftest import Service, leftovers
+from workers.actors import NAMESPACE, supervisor_name, worker_name
+from workers.engine.launch import train_local
+from workers.spec import JobSpec
+
+ServiceFactory = Callable[..., AbstractContextManager[Service]]
+STEPS = 40
+LIMIT_S = 300.0  # generous: a loaded 2-core machine is slow
+
+BODY: dict[str, Any] = {
+    "name": "e2e-recovery",
+    "model": {"preset": "tiny", "seq_len": 32},
+    "parallel": {"dp": 2, "zero_stage": 2},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "lr": 3e-3,
+        "log_every": 1,
+        "seed": 11,
+    },
+    "checkpoint": {"every_steps": 2},
+    "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict[str, Any]]:
+    metrics: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(BODY), 2, on_metrics=metrics.append)
+    return metrics
+
+
+def wait_for(
+    client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    deadline = time.monotonic() + LIMIT_S
+    while True:
+        job = client.get(job_id)
+        if predicate(job):
+            return job
+        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
+        time.sleep(0.2)
+
+
+def actor_pid(address: str, name: str) -> int:
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    actor = ray.get_actor(name, namespace=NAMESPACE)
+    pid: Any = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    return int(pid)
+
+
+def finished(c: Client, job_id: str) -> dict[str, Any]:
+    return wait_for(c, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))
+
+
+def assert_trained_like(c: Client, job_id: str, reference: list[dict[str, Any]]) -> list[str]:
+    """Every step once, each loss as uninterrupted; returns the job's event messages."""
+    metrics = c.metrics(job_id)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for got, want in zip(metrics, reference, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+    return [e["message"] for e in c.events(job_id, after=0)]
+
+
+def test_worker_killed_recovers_from_the_newest_checkpoint(
+    service: ServiceFactory, reference: list[dict[str, Any]]
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
+        done = finished(c, job["id"])
+        assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
+        assert done["restarts"] == 1
+        events = assert_trained_like(c, job["id"], reference)
+    assert any("rank 1: its actor died" in e for e in events), events
+    restored = [e for e in events if e.startswith("restored checkpoint step")]
+    assert len(restored) == 1, events
+    assert int(restored[0].split()[3]) >= 4, restored  # at most a few steps retrained
+
+
+def test_stopped_rank_is_found_within_the_hang_limit_and_recovers(
+    service: ServiceFactory, reference: list[dict[str, Any]]
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        pid = actor_pid(svc.ray_address, worker_name(job["id"], 1, 0))
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            wait_for(c, job["id"], lambda j: j["state"] == "RESTARTING" or j["restarts"] > 0)
+            detected_s = time.monotonic() - stopped_at
+        finally:
+            os.kill(pid, signal.SIGCONT)  # if it was not killed; harmless if it was
+        done = finished(c, job["id"])
+        assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
+        events = assert_trained_like(c, job["id"], reference)
+    # hang_timeout_s (8) plus one poll, plus the reconciler's and this loop's intervals
+    assert detected_s < 8 + 5, detected_s
+    assert any("rank 0: did not answer a poll in 8s" in e for e in events), events
+
+
+def test_supervisor_killed_is_recreated_and_the_job_continues(
+    service: ServiceFactory, reference: list[dict[str, Any]]
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        os.kill(actor_pid(svc.ray_address, supervisor_name(job["id"])), signal.SIGKILL)
+        done = finished(c, job["id"])
+        assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
+        assert done["restarts"] == 1
+        events = assert_trained_like(c, job["id"], reference)
+    assert any("supervisor actor is gone; starting a new one" in e for e in events), "\n".join(
+        events
+    )
+    assert any(e.startswith("restored checkpoint step") for e in events), events
+
+
+def test_past_max_failures_the_job_fails_naming_the_cause_and_holds_nothing(
+    service: ServiceFactory,
+) -> None:
+    body = {**BODY, "fault_tolerance": {"max_failures": 0}}
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(body)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3)
+        os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
+        done = finished(c, job["id"])
+        assert done["state"] == "FAILED" and done["restarts"] == 0, done
+        assert "rank 1: its actor died" in done["failure_reason"]
+        assert "max_failures=0" in done["failure_reason"]
+        deadline = time.monotonic() + 60
+        while (held := leftovers(svc.ray_address, job["id"])) != {
+            "actors": [],
+            "placement_groups": [],
+        }:
+            assert time.monotonic() < deadline, held
+            time.sleep(0.5)
+
+
+def test_a_job_that_cannot_build_fails_at_once_without_retrying(
+    service: ServiceFactory, tmp_path: Path
+) -> None:
+    body = {
+        **BODY,
+        "data": {"source": "text", "path": str(tmp_path / "no-such-corpus.txt")},
+        "model": {"preset": "tiny", "seq_len": 32, "vocab_size": 256},
+    }
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(body)
+        done = finished(c, job["id"])
+    assert done["state"] == "FAILED" and done["restarts"] == 0, done
+    assert "not retried" in done["failure_reason"]
+    assert "no-such-corpus" in done["failure_reason"] or "FileNotFound" in done["failure_reason"]
