@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.checkpoint_store import RestoreSource
@@ -29,6 +30,13 @@ POLL_TIMEOUT_S = 30.0
 RESERVE_TIMEOUT_S = 600.0
 JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
+
+
+@dataclass
+class Recovery:
+    failed_at: float  # time.monotonic() when the failure was seen
+    front_step: int  # the furthest step reached before it
+    restored_step: int = 0  # the checkpoint the new workers started from (0: none)
 
 
 # A pause waits for the checkpoint to be written; give it time.
@@ -77,6 +85,8 @@ class JobSupervisor:
         # Metrics up to here are recorded or buffered; a restart must not resend them. A
         # supervisor replacing a lost one starts from what the database holds.
         self.reported_step = recorded_step or 0
+        self._front_step = 0  # the furthest step any rank reported
+        self._recovery: Recovery | None = None  # from a failure to the next new step
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
@@ -175,7 +185,10 @@ class JobSupervisor:
     def _collect(self, statuses: list[dict[str, Any]]) -> None:
         """Buffer what the ranks produced since the last poll, each entry once."""
         for status in statuses:
+            self._front_step = max(self._front_step, status["step"])
             for event in status.get("events", []):
+                if self._recovery and event["message"].startswith("restored checkpoint"):
+                    self._recovery.restored_step = event["data"]["step"]
                 self._event(event["message"], **event["data"])
             for m in status["metrics"]:
                 if m["step"] > self.reported_step:
@@ -183,6 +196,26 @@ class JobSupervisor:
                     self.reported_step = m["step"]
             for commit in status.get("checkpoints", []):
                 self.buffer.append(EntryKind.CHECKPOINT, **commit)
+        self._note_recovered(statuses)
+
+    def _note_recovered(self, statuses: list[dict[str, Any]]) -> None:
+        """After a failure, the first step past the restored one ends the recovery: say how
+        long it took (MTTR) and how many steps are trained again."""
+        rec = self._recovery
+        if rec is None or not any(
+            s["phase"] == WorkerPhase.TRAINING and s["step"] > rec.restored_step for s in statuses
+        ):
+            return
+        seconds = time.monotonic() - rec.failed_at
+        lost = max(rec.front_step - rec.restored_step, 0)
+        self._event(
+            f"recovered in {seconds:.1f}s: failed near step {rec.front_step}, resumed after "
+            f"step {rec.restored_step}, {lost} step(s) trained again",
+            mttr_s=seconds,
+            steps_lost=lost,
+            restored_step=rec.restored_step,
+        )
+        self._recovery = None
 
     def _watch(self) -> JobState:
         # A rank that cannot answer (stopped, wedged in C++) is caught within the hang limit.
@@ -230,6 +263,7 @@ class JobSupervisor:
         self._event(f"failure: {decision.reason}", retry=decision.retry)
         self.workers.kill_workers()
         self._reason = decision.reason
+        self._recovery = Recovery(time.monotonic(), self._front_step)
         if not decision.retry:
             self.workers.release()
             return JobState.FAILED
