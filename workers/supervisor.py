@@ -93,21 +93,6 @@ class JobSupervisor:
         # Why the state is about to change, for the event of the transition.
         self._reason = ""
 
-    def _replay_logged_metrics(self) -> None:
-        """Buffer what rank 0 logged after `reported_step` but nobody passed on: metrics a
-        killed rank 0 held since the last poll, or a lost predecessor's. The workers about
-        to start resume from the newest checkpoint, which may be past those steps."""
-        if not self.storage.metrics_file.is_file():
-            return
-        for line in self.storage.metrics_file.read_text(encoding="utf-8").splitlines():
-            try:
-                metrics = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short when its writer died
-                continue
-            if metrics["step"] > self.reported_step:
-                self.buffer.append(EntryKind.METRICS, step=metrics["step"], values=metrics)
-                self.reported_step = metrics["step"]
-
     # -- what the control plane calls --------------------------------------------------
 
     def start(self) -> None:
@@ -181,6 +166,21 @@ class JobSupervisor:
         self._event(f"workers {verb}", world_size=len(nodes))
         self._reason = f"{len(nodes)} workers {verb}"
         return JobState.RUNNING
+
+    def _replay_logged_metrics(self) -> None:
+        """Buffer what rank 0 logged after `reported_step` but nobody passed on: metrics a
+        killed rank 0 held since the last poll, or a lost predecessor's. The workers about
+        to start resume from the newest checkpoint, which may be past those steps."""
+        if not self.storage.metrics_file.is_file():
+            return
+        for line in self.storage.metrics_file.read_text(encoding="utf-8").splitlines():
+            try:
+                metrics = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short when its writer died
+                continue
+            if metrics["step"] > self.reported_step:
+                self.buffer.append(EntryKind.METRICS, step=metrics["step"], values=metrics)
+                self.reported_step = metrics["step"]
 
     def _collect(self, statuses: list[dict[str, Any]]) -> None:
         """Buffer what the ranks produced since the last poll, each entry once."""
