@@ -4,6 +4,12 @@
 session so it outlives the control plane: detached supervisors keep training while the
 API restarts, and the next `serve` re-attaches to the same head (its address and pid are
 kept in state_dir/ray/). Stopping that one process stops the whole head it started.
+
+Anyone who can reach a Ray head can run code on it, so the head requires Ray's token
+authentication, with a token of its own kept in state_dir/ray/auth_token (mode 0600). The
+head, its workers (they inherit the head's environment) and the control plane (through
+`LocalRay.use_auth`) all name that file explicitly, so a `~/.ray/auth_token` left by some
+other Ray session changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,11 +36,33 @@ log = logging.getLogger(__name__)
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
+def _auth_token(state_dir: Path) -> Path:
+    """This state dir's Ray token file, created (0600) on first use."""
+    path = state_dir / "ray" / "auth_token"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path
+
+
 @dataclass(frozen=True)
 class LocalRay:
     address: str
     pid: int
     record: Path
+    auth_token: Path
+
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """What a Ray process needs in its environment to talk to this head."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.auth_token)}
+
+    def use_auth(self) -> None:
+        """Make this process's `ray.init` present the head's token (call before it)."""
+        os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
+        os.environ.update(self.auth_env)
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the head and every Ray process it started (all share its session)."""
@@ -98,7 +127,7 @@ def find_local_ray(state_dir: Path) -> LocalRay | None:
     if not record.is_file():
         return None
     data = json.loads(record.read_text())
-    head = LocalRay(data["address"], int(data["pid"]), record)
+    head = LocalRay(data["address"], int(data["pid"]), record, _auth_token(state_dir))
     if _alive(head.pid) and _listening(head.address):
         return head
     record.unlink(missing_ok=True)
@@ -129,6 +158,9 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
         "--node-ip-address=127.0.0.1",
         f"--temp-dir={_temp_dir(state_dir)}",
     ]
+    token = _auth_token(state_dir)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(
             cmd,
@@ -136,8 +168,9 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
-    head = LocalRay(address, proc.pid, log_dir / "head.json")
+    head = LocalRay(address, proc.pid, log_dir / "head.json", token)
     deadline = time.monotonic() + timeout_s
     while not _listening(address):
         if proc.poll() is not None or time.monotonic() > deadline:

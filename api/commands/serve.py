@@ -48,6 +48,7 @@ def serve(
     address = settings.ray_address
     if not address:
         local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
+        local.use_auth()
         address = local.address
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)

@@ -33,6 +33,7 @@ CLUSTER_CPUS = 8
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
     head = start_local_ray(tmp_path_factory.mktemp("ray-state"), CLUSTER_CPUS)
+    head.use_auth()  # this process's ray.init (tests look at what Ray holds) needs it
     try:
         yield head
     finally:
