@@ -25,8 +25,11 @@ class RunningServer:
 
 
 @contextmanager
-def run_server(settings: Settings, runtime: Runtime | None = None) -> Iterator[RunningServer]:
-    port = free_port()
+def run_server(
+    settings: Settings, runtime: Runtime | None = None, port: int | None = None
+) -> Iterator[RunningServer]:
+    """Serve on `port` (a free one by default) until the block ends."""
+    port = port or free_port()
     settings = settings.model_copy(update={"port": port})
     app = create_app(settings, runtime)
     server = uvicorn.Server(

@@ -17,6 +17,7 @@ export class JobPage {
       $(id).replaceChildren();
     }
     $("checkpoints").tBodies[0].replaceChildren();
+    $("no-restarts").hidden = false;
     $("rank").replaceChildren(el("option", { value: "0", text: "0" }));
     $("rank").onchange = () => this.onChange?.();
     $("cancel").onclick = () => this.act("cancel", "Cancel this job?");
@@ -68,8 +69,8 @@ export class JobPage {
     const rows = [
       ["Job id", job.id], ["Owner", job.owner], ["Step", `${job.step}/${job.steps}`],
       ["Loss", fmt(m.loss)], ["Tokens/s", fmt(m.tokens_per_s, 0)], ["Restarts", job.restarts],
-      ["Age", age(job.created_at)], ["Started", job.started_at ?? "–"],
-      ["Finished", job.finished_at ?? "–"],
+      ["Age", age(job.created_at)], ["Started", when(job.started_at)],
+      ["Finished", when(job.finished_at)],
     ];
     if (job.queue_reason && job.state === "QUEUED") rows.push(["Waiting for", job.queue_reason]);
     if (job.failure_reason) rows.push(["Failure", job.failure_reason]);
@@ -86,9 +87,10 @@ export class JobPage {
       const moved = event.kind === "state" && event.data;
       const what = moved ? `${event.data.from} → ${event.data.to}: ${event.message}` : event.message;
       const time = el("time", { datetime: event.time, text: event.time.slice(11, 19) });
-      $("timeline").append(el("li", { class: `event ${event.kind}` }, time, what));
+      $("timeline").append(el("li", { class: `kind-${event.kind}` }, time, what));
       if (moved && event.data.to === "RESTARTING") {
         $("restarts").append(el("li", {}, time.cloneNode(true), event.message));
+        $("no-restarts").hidden = true;
       }
     }
   }
@@ -132,4 +134,8 @@ export class JobPage {
       if (atBottom) box.scrollTop = box.scrollHeight;
     }
   }
+}
+
+function when(iso) {
+  return iso ? iso.slice(0, 19).replace("T", " ") + " UTC" : "–";
 }

@@ -59,7 +59,7 @@ export class JobList {
 
   newRow(job) {
     const row = el("tr", { "data-job-id": job.id });
-    const classes = ["name", "owner", "state", "progress", "step num", "loss num", "tps num",
+    const classes = ["name", "owner", "state-cell", "progress-cell", "step num", "loss num", "tps num",
       "restarts num", "age"];
     classes.forEach((cls, i) => row.append(el("td", { class: cls, "data-label": COLUMNS[i] })));
     row.cells[0].append(el("a", { href: `#/jobs/${job.id}` }));
