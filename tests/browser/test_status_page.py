@@ -19,7 +19,7 @@ from service.users import UserDirectory
 from tests.browser.conftest import DESKTOP, PHONE, Sandboxed, open_sandboxed
 from tests.e2e.conftest import Service, ray_cluster, service  # noqa: F401  (fixtures)
 from tests.support.server import run_server
-from workers.engine.distributed import free_port
+from workers.net import free_port
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 
