@@ -1,0 +1,88 @@
+"""Reading the per-rank logs that workers write to a job's storage folder.
+
+Workers append to `storage_root/<job id>/logs/rank-<r>.log` on whatever node they run;
+in a multi-node deployment storage_root is a shared filesystem mounted at the same path
+on the API and every Ray node, so the control plane reads the same files from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def log_dir(storage_root: Path, job_id: str) -> Path:
+    return storage_root / job_id / "logs"
+
+
+def log_ranks(storage_root: Path, job_id: str) -> list[int]:
+    """Ranks that have written a log so far, in order."""
+    return sorted(
+        int(p.stem.removeprefix("rank-"))
+        for p in log_dir(storage_root, job_id).glob("rank-*.log")
+        if p.stem.removeprefix("rank-").isdigit()
+    )
+
+
+def rank_log(storage_root: Path, job_id: str, rank: int) -> Path:
+    return log_dir(storage_root, job_id) / f"rank-{rank}.log"
+
+
+def tail_lines(path: Path, count: int) -> list[str]:
+    """The last `count` lines of a log (none if it does not exist yet)."""
+    if not path.is_file():
+        return []
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()[-count:]
+
+
+@dataclass
+class LogFollower:
+    """Reads the complete lines appended to a log since the last read.
+
+    Starts at the end of the last `tail` lines. A line still being written (no newline
+    yet) waits for the next read; a file that shrank (rotated or replaced) is re-read from
+    its start.
+    """
+
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+
+    def start(self, tail: int) -> list[str]:
+        """The last `tail` lines now; later reads return what follows them."""
+        if not self.path.is_file():
+            return []
+        data = self.path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset = len(complete)
+        self.partial = b""
+        return _decode(complete)[-tail:] if tail else []
+
+    def read(self) -> list[str]:
+        if not self.path.is_file():
+            return []
+        size = self.path.stat().st_size
+        if size < self.offset:
+            self.offset, self.partial = 0, b""
+        if size == self.offset:
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(size - self.offset)
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        cut = data.rfind(b"\n") + 1
+        self.partial = data[cut:]
+        return _decode(data[:cut])
+
+    def rest(self) -> list[str]:
+        """After the writer has stopped: new lines and a last line with no newline."""
+        lines = self.read()
+        if self.partial:
+            lines.append(self.partial.decode("utf-8", errors="replace"))
+            self.partial = b""
+        return lines
+
+
+def _decode(data: bytes) -> list[str]:
+    return data.decode("utf-8", errors="replace").splitlines()
