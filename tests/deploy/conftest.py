@@ -39,9 +39,15 @@ class InstalledWheel:
     def shardline(self) -> Path:
         return self.venv / "bin" / "shardline"
 
-    @property
-    def ray(self) -> Path:
-        return Path(sys.executable).parent / "ray"
+    def tool(self, name: str) -> list[str]:
+        """The command line of `shardline` or `ray` as this venv runs them."""
+        if name == "ray":
+            # Ray's CLI from this venv's interpreter, so the processes it starts (raylet
+            # workers included) import the wheel, as in the image.
+            return [str(self.python), "-m", "ray.scripts.scripts"]
+        if name == "shardline":
+            return [str(self.shardline)]
+        raise KeyError(f"{name} is not installed by the image")
 
 
 def build_wheel(into: Path) -> Path:
