@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         ("/static/docs/swagger-ui-bundle.js", "javascript"),
         ("/static/docs/swagger-ui.css", "text/css"),
         ("/static/docs/favicon.png", "image/png"),
+        ("/static/docs/redoc.standalone.js", "javascript"),
         ("/static/page/main.js", "javascript"),
         ("/static/page/app.css", "text/css"),
     ],
@@ -42,7 +45,7 @@ def test_assets_have_their_type_and_are_cached(
     assert response.headers["etag"]
 
 
-@pytest.mark.parametrize("path", ["/docs", "/"])
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/"])
 def test_pages_are_revalidated_and_name_only_local_assets(server: RunningServer, path: str) -> None:
     response = httpx.get(server.url + path)
     assert response.status_code == 200
@@ -58,3 +61,14 @@ def test_status_page_forbids_other_origins(server: RunningServer) -> None:
 
 def test_missing_asset_is_404(server: RunningServer) -> None:
     assert httpx.get(server.url + "/static/page/nope.js").status_code == 404
+
+
+def test_every_openapi_reference_resolves(server: RunningServer) -> None:
+    document = httpx.get(server.url + "/openapi.json").json()
+    refs = set(re.findall(r'"\$ref": "([^"]+)"', json.dumps(document)))
+    assert "#/components/schemas/JobSpec" in refs or "#/components/schemas/ModelSpec" in refs
+    for ref in refs:
+        node = document
+        for part in ref.removeprefix("#/").split("/"):
+            assert part in node, f"{ref} does not resolve in /openapi.json"
+            node = node[part]

@@ -45,6 +45,9 @@ def browser() -> Iterator[Browser]:
 class Sandboxed:
     page: Page
     outside: list[str] = field(default_factory=list)  # URLs that tried to leave the host
+    # Non-local URLs the page's Content-Security-Policy stopped inside the browser, before
+    # any network request was made.
+    stopped_by_policy: list[str] = field(default_factory=list)
 
 
 def open_sandboxed(browser: Browser, viewport: dict[str, int] = DESKTOP) -> Sandboxed:
@@ -65,8 +68,18 @@ def open_sandboxed(browser: Browser, viewport: dict[str, int] = DESKTOP) -> Sand
         if not stays_local(request.url) and request.url not in sandboxed.outside:
             sandboxed.outside.append(request.url)
 
+    def failed(request: Request) -> None:
+        # Chromium reports these as "csp"; the request never reached the network.
+        if (
+            request.failure in ("csp", "net::ERR_BLOCKED_BY_CSP")
+            and request.url in sandboxed.outside
+        ):
+            sandboxed.outside.remove(request.url)
+            sandboxed.stopped_by_policy.append(request.url)
+
     context.route("**/*", gate)
     page.on("request", watch)
+    page.on("requestfailed", failed)
     return sandboxed
 
 

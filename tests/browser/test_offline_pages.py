@@ -42,6 +42,20 @@ def test_docs_render_operations_without_leaving_the_host(
     assert sandboxed_page.outside == []
 
 
+def test_redoc_renders_without_leaving_the_host(
+    server: tuple[RunningServer, str], sandboxed_page: Sandboxed
+) -> None:
+    running, _ = server
+    page = sandboxed_page.page
+    page.goto(f"{running.url}/redoc")
+    expect(page.get_by_text("/v1/jobs/{job_id}/cancel").first).to_be_attached(timeout=20_000)
+    expect(page.get_by_text("Something went wrong")).to_have_count(0)
+    page.wait_for_load_state("networkidle")
+    assert sandboxed_page.outside == []
+    # ReDoc always shows Redocly's logo from their CDN; the page's policy stops it.
+    assert all("redoc.ly" in url for url in sandboxed_page.stopped_by_policy)
+
+
 def test_status_page_renders_without_leaving_the_host(
     server: tuple[RunningServer, str], sandboxed_page: Sandboxed, tmp_path: Path
 ) -> None:
