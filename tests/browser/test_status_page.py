@@ -10,18 +10,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 from playwright.sync_api import Browser, Page, expect
 
+from api.client import Client
 from service.config import Settings
 from service.db import Database
+from service.local_ray import LocalRay, start_local_ray
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.browser.conftest import DESKTOP, PHONE, Sandboxed, open_sandboxed
-from tests.e2e.conftest import Service, ray_cluster, service  # noqa: F401  (fixtures)
+from tests.e2e.conftest import CLUSTER_CPUS, Service, service  # noqa: F401  (fixture)
 from tests.support.server import run_server
 from workers.net import free_port
 
+PAGE_SIZE = 25  # the page's (list.js)
+
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
+    """This module's own head, stopped after it: the e2e tier's lives for the session."""
+    head = start_local_ray(tmp_path_factory.mktemp("ray-state"), CLUSTER_CPUS)
+    try:
+        yield head
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        head.stop()
 
 
 def long_job(name: str) -> dict[str, Any]:
@@ -154,3 +171,28 @@ def test_unreachable_server_is_shown_and_the_page_recovers(
             expect(page.locator("#no-jobs")).to_be_visible()
     finally:
         page.context.close()
+
+
+def test_list_pages_filters_and_shows_newest_first(
+    plain_server_settings: tuple[Settings, str], sandboxed_page: Sandboxed
+) -> None:
+    settings, token = plain_server_settings
+    page = sandboxed_page.page
+    with run_server(settings) as server, Client(server.url, token) as api:
+        # No runtime: the jobs stay QUEUED, except those cancelled here.
+        ids = [api.submit(long_job(f"list-{i:02d}"))["id"] for i in range(PAGE_SIZE + 3)]
+        for job_id in ids[:2]:
+            api.cancel(job_id)
+        sign_in(page, server.url, token)
+        names = page.locator("#jobs tbody td.name")
+        expect(names).to_have_count(PAGE_SIZE)
+        expect(names.first).to_have_text(f"list-{PAGE_SIZE + 2:02d}")  # newest first
+        page.get_by_role("button", name="Next page").click()
+        expect(names).to_have_text(["list-02", "list-01", "list-00"])
+        page.get_by_role("button", name="First page").click()
+        expect(names).to_have_count(PAGE_SIZE)
+        page.get_by_label("State").select_option("CANCELLED")
+        expect(names).to_have_text(["list-01", "list-00"])
+        page.get_by_label("State").select_option("RUNNING")
+        expect(page.locator("#no-matches")).to_have_text("No RUNNING jobs.")
+        expect(page.locator("#no-jobs")).to_be_hidden()

@@ -40,7 +40,11 @@ export class JobList {
 
   render(jobs) {
     const empty = jobs.length === 0 && this.cursors.length === 1;
-    document.getElementById("no-jobs").hidden = !empty;
+    const filtered = Boolean(this.filter.value);
+    document.getElementById("no-jobs").hidden = !empty || filtered;
+    const noMatches = document.getElementById("no-matches");
+    noMatches.hidden = !empty || !filtered;
+    noMatches.textContent = `No ${this.filter.value} jobs.`;
     document.getElementById("jobs").hidden = empty;
     document.getElementById("next-page").hidden = !this.nextCursor;
     document.getElementById("first-page").hidden = this.cursors.length === 1;
