@@ -1,6 +1,8 @@
-"""The path docker-compose takes, without Docker: PostgreSQL, a Ray head and a second Ray
-node as separate processes with Ray's token authentication, and `shardline serve` from the
-installed wheel in a directory outside the checkout; a 4-rank job spreads over both nodes.
+"""The path docker-compose takes, without Docker.
+
+A PostgreSQL server, a Ray head and a second Ray node run as separate processes with Ray's
+token authentication, and `shardline serve` from the installed wheel in a directory
+outside the checkout; a 4-rank job spreads over both nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from api.client import Client
 from service.local_ray import OBJECT_STORE_BYTES, LocalRay
 from tests.deploy.conftest import InstalledWheel
-from tests.support.databases import fresh_postgres, postgres_unavailable
+from tests.support.postgres_server import postgres_bindir, postgres_server
 from workers.net import free_port
 
 CPUS_PER_NODE = 2  # logical: a 4-rank job cannot fit on one node
@@ -99,8 +101,9 @@ def wait_for_cpus(client: Client, cpus: float, timeout: float = 120) -> None:
 def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
     installed_wheel: InstalledWheel, tmp_path: Path
 ) -> None:
-    if reason := postgres_unavailable():
-        pytest.skip(reason)
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (no initdb); apt-get install postgresql")
     port = free_port()
     ray_env = {
         **os.environ,
@@ -112,7 +115,7 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
     head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
-        database_url = stack.enter_context(fresh_postgres())
+        database_url = stack.enter_context(postgres_server(bindir))
         stack.enter_context(ray_node(installed_wheel, ray_env, tmp_path / "head.log", *head))
         stack.enter_context(
             ray_node(
