@@ -121,6 +121,11 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         expect(page.locator("#job-state")).to_have_text("CANCELLED", timeout=120_000)
         expect(page.locator("#cancel")).to_be_hidden()
         assert api.get(job["id"])["state"] == "CANCELLED"
+        # A finished job is not polled any more.
+        polls: list[str] = []
+        page.on("request", lambda r: polls.append(r.url) if "/v1/jobs/" in r.url else None)
+        page.wait_for_timeout(5_000)
+        assert polls == []
     assert sandboxed_page.outside == []
 
 

@@ -38,7 +38,8 @@ def run_server(
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    # Startup connects to Ray (lifespan); on a loaded 2-core machine that can take a while.
+    deadline = time.monotonic() + 90
     while True:
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

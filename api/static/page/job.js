@@ -112,6 +112,7 @@ export class JobPage {
 
   renderCheckpoints(checkpoints) {
     $("no-checkpoints").hidden = checkpoints.length > 0;
+    $("checkpoints").hidden = checkpoints.length === 0;
     $("checkpoints").tBodies[0].replaceChildren(...checkpoints.map((c) => el("tr", {},
       el("td", { text: String(c.step) }), el("td", { text: `${(c.bytes / 2 ** 20).toFixed(1)} MiB` }),
       el("td", { text: c.layout }), el("td", { text: c.created_at.slice(0, 19) }),
