@@ -72,7 +72,9 @@ def test_services_are_wired_as_the_deployment_needs(compose: dict[str, Any]) -> 
     assert any(v.endswith(":/var/lib/postgresql/data") for v in services["postgres"]["volumes"])
     api = services["api"]
     assert api["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert environment(api)["SHARDLINE_RAY_ADDRESS"] == "ray-head:6379"
+    # Ray Client: the API's container runs no raylet, which a host:port driver needs.
+    assert environment(api)["SHARDLINE_RAY_ADDRESS"] == "ray://ray-head:10001"
+    assert "--ray-client-server-port=10001" in services["ray-head"]["command"]
     assert "ports" not in services["ray-head"]  # dashboard and GCS stay on the network
     assert "--include-dashboard=false" in services["ray-head"]["command"]
     devices = services["ray-worker"]["deploy"]["resources"]["reservations"]["devices"]

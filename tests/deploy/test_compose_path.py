@@ -112,7 +112,11 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
     }
     # Ray's unix sockets need a short path; tmp_path can be too long for them.
     temp_dir = Path(f"/tmp/shardline-deploy-{secrets.token_hex(4)}")
+    # The API connects as a Ray Client, as in docker-compose, where its container runs no
+    # raylet (a plain `host:port` driver needs one on its own machine).
+    client_port = free_port()
     head = [f"--port={port}", "--head", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+    head.append(f"--ray-client-server-port={client_port}")
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
         database_url = stack.enter_context(postgres_server(bindir))
@@ -125,7 +129,7 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
         serve_env = {
             **ray_env,
             "SHARDLINE_DATABASE_URL": database_url,
-            "SHARDLINE_RAY_ADDRESS": f"127.0.0.1:{port}",
+            "SHARDLINE_RAY_ADDRESS": f"ray://127.0.0.1:{client_port}",
             "SHARDLINE_PORT": str(free_port()),
             "SHARDLINE_STATE_DIR": str(tmp_path / "state"),
             "SHARDLINE_STORAGE_ROOT": str(tmp_path / "storage"),
