@@ -14,18 +14,19 @@ from pathlib import Path
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from service.job_logs import LogFollower, rank_log
+from api.client import TERMINAL_STATES
+from service.job_logs import LogFollower
 from service.models import User
-from service.states import JobState
 from service.store import JobStore
 
 POLL_S = 0.5
 
 
 def follow_response(
-    store: JobStore, user: User, job_id: str, storage_root: Path, rank: int, tail: int
+    store: JobStore, user: User, job_id: str, log_file: Path, tail: int
 ) -> StreamingResponse:
-    lines = _follow(store, user, job_id, LogFollower(rank_log(storage_root, job_id, rank)), tail)
+    """Stream `log_file` (one rank's log of job `job_id`) until the job has ended."""
+    lines = _follow(store, user, job_id, LogFollower(log_file), tail)
     return StreamingResponse(
         lines,
         media_type="text/plain; charset=utf-8",
@@ -41,8 +42,8 @@ async def _follow(
     if text := _chunk(await run_in_threadpool(follower.start, tail)):
         yield text
     while True:
-        state = JobState((await run_in_threadpool(store.get, job_id, user)).state)
-        if state.terminal:
+        job = await run_in_threadpool(store.get, job_id, user)
+        if job.state in TERMINAL_STATES:
             # The job's workers are gone: what is in the file now is all there will be.
             if text := _chunk(await run_in_threadpool(follower.rest)):
                 yield text

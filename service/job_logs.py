@@ -1,8 +1,9 @@
-"""Reading the per-rank logs that workers write to a job's storage folder.
+"""Reading a rank's log file while its worker may still be appending to it.
 
 Workers append to `storage_root/<job id>/logs/rank-<r>.log` on whatever node they run;
 in a multi-node deployment storage_root is a shared filesystem mounted at the same path
-on the API and every Ray node, so the control plane reads the same files from here.
+on the API and every Ray node, so the control plane reads the same files. Where the files
+are is not this module's business: callers pass the path.
 """
 
 from __future__ import annotations
@@ -11,26 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def log_dir(storage_root: Path, job_id: str) -> Path:
-    return storage_root / job_id / "logs"
-
-
-def log_ranks(storage_root: Path, job_id: str) -> list[int]:
-    """Ranks that have written a log so far, in order."""
-    return sorted(
-        int(p.stem.removeprefix("rank-"))
-        for p in log_dir(storage_root, job_id).glob("rank-*.log")
-        if p.stem.removeprefix("rank-").isdigit()
-    )
-
-
-def rank_log(storage_root: Path, job_id: str, rank: int) -> Path:
-    return log_dir(storage_root, job_id) / f"rank-{rank}.log"
-
-
 def tail_lines(path: Path, count: int) -> list[str]:
-    """The last `count` lines of a log (none if it does not exist yet)."""
-    if not path.is_file():
+    """The last `count` lines of a log (none if it does not exist yet, or count is 0)."""
+    if count == 0 or not path.is_file():
         return []
     return path.read_text(encoding="utf-8", errors="replace").splitlines()[-count:]
 

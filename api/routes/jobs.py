@@ -24,7 +24,7 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
-from service.job_logs import log_ranks, rank_log, tail_lines
+from service.job_logs import tail_lines
 from service.states import JobState
 from workers.spec import JobSpec
 
@@ -186,11 +186,13 @@ def job_logs(
     them, which ends when the job has ended.
     """
     job = store.get(job_id, user)
-    root = settings.resolved_storage_root
+    log_dir = settings.resolved_storage_root / job.id / "logs"
+    path = log_dir / f"rank-{rank}.log"
     if follow:
-        return follow_response(store, user, job.id, root, rank, tail)
-    return LogsPublic(
-        rank=rank,
-        lines=tail_lines(rank_log(root, job.id, rank), tail) if tail else [],
-        ranks=log_ranks(root, job.id),
+        return follow_response(store, user, job.id, path, tail)
+    ranks = sorted(
+        int(p.stem.removeprefix("rank-"))
+        for p in log_dir.glob("rank-*.log")
+        if p.stem.removeprefix("rank-").isdigit()
     )
+    return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=ranks)
