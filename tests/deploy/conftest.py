@@ -9,6 +9,7 @@ the wheel.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,12 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", "test-output", ".shardline"
 )
+
+
+def outside_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what would put the checkout on sys.path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return {**env, **extra}
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ def build_wheel(into: Path) -> Path:
     source = into / "source"
     shutil.copytree(CHECKOUT, source, ignore=_NOT_SOURCE)
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*pip_wheel, "-q", "-w", str(into), str(source)], check=True)
+    subprocess.run([*pip_wheel, "-q", "-w", str(into), str(source)], check=True, env=outside_env())
     return next(into.glob("shardline-*.whl"))
 
 
@@ -67,6 +74,7 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> InstalledWheel:
     subprocess.run(
         [str(env_dir / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
+        env=outside_env(),
     )
     site = Path(
         sysconfig.get_path("purelib", vars={"base": str(env_dir), "platbase": str(env_dir)})

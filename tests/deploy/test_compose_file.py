@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from service.config import Settings
-from tests.deploy.conftest import CHECKOUT, InstalledWheel
+from tests.deploy.conftest import CHECKOUT, InstalledWheel, outside_env
 
 RAY_SERVICES = ("ray-head", "ray-worker")
 
@@ -55,6 +55,7 @@ def test_every_command_exists_in_the_installed_package(
         tool, subcommand = command[0], command[1]
         helped = subprocess.run(
             [*installed_wheel.tool(tool), subcommand, "--help"],
+            env=outside_env(),
             capture_output=True,
             text=True,
             timeout=120,

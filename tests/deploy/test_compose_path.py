@@ -22,7 +22,7 @@ import pytest
 
 from api.client import Client
 from service.local_ray import OBJECT_STORE_BYTES, LocalRay
-from tests.deploy.conftest import InstalledWheel
+from tests.deploy.conftest import InstalledWheel, outside_env
 from tests.support.postgres_server import postgres_bindir, postgres_server
 from workers.net import free_port
 
@@ -105,11 +105,7 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
     if bindir is None:
         pytest.skip("PostgreSQL is not installed (no initdb); apt-get install postgresql")
     port = free_port()
-    ray_env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(16),
-    }
+    ray_env = outside_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
     # Ray's unix sockets need a short path; tmp_path can be too long for them.
     temp_dir = Path(f"/tmp/shardline-deploy-{secrets.token_hex(4)}")
     # The API connects as a Ray Client, as in docker-compose, where its container runs no

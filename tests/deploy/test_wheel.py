@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import zipfile
 
 from sqlalchemy import create_engine, inspect
 
-from tests.deploy.conftest import InstalledWheel
+from tests.deploy.conftest import InstalledWheel, outside_env
 
 
 def run(installed: InstalledWheel, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(installed.shardline), *args],
         cwd=installed.outside,
-        env={**os.environ, **env},
+        env=outside_env(**env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,6 +38,7 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed_wheel: Instal
     where = subprocess.run(
         [str(installed_wheel.python), "-c", "import api, service; print(api.__file__)"],
         cwd=installed_wheel.outside,
+        env=outside_env(),
         capture_output=True,
         text=True,
         check=True,
