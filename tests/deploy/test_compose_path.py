@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -91,7 +92,19 @@ def _ready(url: str) -> bool:
         return False
 
 
-def wait_for_cpus(client: Client, cpus: float, timeout: float = 120) -> None:
+def wait_for_port(port: int, timeout: float = 120) -> None:
+    """Like compose's healthcheck on the head: start what needs it once it answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port}"
+            time.sleep(0.3)
+
+
+def wait_for_cpus(client: Client, cpus: float, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while client.cluster()["resources"].get("CPU", 0) < cpus:
         assert time.monotonic() < deadline, f"the cluster has {client.cluster()['resources']}"
@@ -117,11 +130,13 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
         stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
         database_url = stack.enter_context(postgres_server(bindir))
         stack.enter_context(ray_node(installed_wheel, ray_env, tmp_path / "head.log", *head))
+        wait_for_port(port)
         stack.enter_context(
             ray_node(
                 installed_wheel, ray_env, tmp_path / "node2.log", f"--address=127.0.0.1:{port}"
             )
         )
+        wait_for_port(client_port)
         serve_env = {
             **ray_env,
             "SHARDLINE_DATABASE_URL": database_url,
