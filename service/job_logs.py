@@ -11,12 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+TAIL_BLOCK_BYTES = 64 * 1024
+
 
 def tail_lines(path: Path, count: int) -> list[str]:
-    """The last `count` lines of a log (none if it does not exist yet, or count is 0)."""
+    """The last `count` lines of a log (none if it does not exist yet, or count is 0).
+
+    Reads backwards from the end in blocks: the status page asks for a tail every few
+    seconds, and a long job's log can be large.
+    """
     if count == 0 or not path.is_file():
         return []
-    return path.read_text(encoding="utf-8", errors="replace").splitlines()[-count:]
+    with path.open("rb") as f:
+        end = f.seek(0, 2)
+        data, start = b"", end
+        # One newline more than `count`, so the first line kept is whole.
+        while start > 0 and data.count(b"\n") <= count:
+            start = max(0, start - TAIL_BLOCK_BYTES)
+            f.seek(start)
+            data = f.read(end - start)
+    return _decode(data)[-count:] if start == 0 else _decode(data)[1:][-count:]
 
 
 @dataclass

@@ -1,10 +1,10 @@
-"""Following a log that another process appends to: whole lines only, none twice."""
+"""Reading a log that another process appends to: whole lines only, none twice."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.job_logs import LogFollower
+from service.job_logs import LogFollower, tail_lines
 
 
 def test_starts_at_the_tail_then_returns_only_new_complete_lines(tmp_path: Path) -> None:
@@ -39,3 +39,15 @@ def test_rest_returns_a_last_line_without_newline_and_a_replaced_file_restarts(
     with log.open("a") as f:
         f.write("done")
     assert follower.rest() == ["done"]
+
+
+def test_tail_reads_whole_lines_from_the_end_of_a_large_log(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.log"
+    lines = [f"step {i} loss {i / 7:.4f}" for i in range(20_000)]  # ~450 KB: several blocks
+    log.write_text("\n".join(lines) + "\n")
+    assert tail_lines(log, 3) == lines[-3:]
+    assert tail_lines(log, 5000) == lines[-5000:]
+    assert tail_lines(log, 50_000) == lines
+    log.write_text("no newline at the end")
+    assert tail_lines(log, 2) == ["no newline at the end"]
+    assert tail_lines(tmp_path / "missing.log", 2) == []
