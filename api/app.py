@@ -10,7 +10,10 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.openapi import install_openapi
 from api.routes import jobs, system
+from api.routes.docs import install_docs
+from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry
 from service.config import Settings
 from service.db import Database
@@ -40,6 +43,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="Train large language models on your own cluster.",
+        # FastAPI's own docs pages load their assets from CDNs; install_docs serves ours.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = db
@@ -52,4 +58,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(system.router)
+    install_openapi(app)
+    install_docs(app)
+    install_status_page(app)
     return app

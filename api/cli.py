@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.commands import demo, jobs, pausing, serve, train
+from api.commands import demo, jobs, migrate, pausing, serve, train
 from api.commands.tokens import tokens_app
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.command()(train.train)
 app.command()(serve.serve)
+app.command()(migrate.migrate)
 app.command()(demo.demo)
 app.command()(jobs.submit)
 app.command()(jobs.jobs)

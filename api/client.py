@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import builtins
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -96,6 +97,10 @@ class Client:
         response = self._http.request(method, path, **kwargs)
         if response.is_success:
             return response.json()
+        self._raise_for(response)
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> NoReturn:
         try:
             err = response.json()["error"]
             code, message, details = err["code"], err["message"], err.get("details")
@@ -150,6 +155,19 @@ class Client:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "tail": tail})[
             "lines"
         ]
+
+    def follow_logs(self, job_id: str, rank: int = 0, tail: int = 200) -> Iterator[str]:
+        """The last `tail` lines of a rank's log, then each new line until the job ends."""
+        params: dict[str, str | int] = {"rank": rank, "tail": tail, "follow": "true"}
+        # No read timeout: a quiet rank may write nothing for minutes.
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout
+        ) as response:
+            if not response.is_success:
+                response.read()
+                self._raise_for(response)
+            yield from response.iter_lines()
 
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.engine.distributed import free_port
+from workers.net import free_port
 
 log = logging.getLogger(__name__)
 

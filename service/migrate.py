@@ -1,4 +1,9 @@
-"""Running Alembic from code: `shardline serve` migrates before it serves."""
+"""Running Alembic from code: `shardline serve` migrates before it serves.
+
+The migrations ship inside the package (service/migrations), and this module is the
+whole Alembic configuration, so an installed wheel migrates from any working directory;
+the top-level alembic.ini is only for running `alembic` by hand in a checkout.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,12 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(database_url: str) -> Config:
-    cfg = Config(str(PROJECT_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", database_url)
     cfg.attributes["configure_logging"] = False
     return cfg

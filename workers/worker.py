@@ -130,7 +130,7 @@ class TrainingWorker:
         """Called on rank 0: this node's address and a free port for the process group."""
         import ray
 
-        from workers.engine.distributed import free_port
+        from workers.net import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 

@@ -144,13 +144,17 @@ def cancel(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
 def logs(
     job_id: str,
     rank: Annotated[int, typer.Option(min=0)] = 0,
-    tail: Annotated[int, typer.Option(min=1, max=10000)] = 200,
+    tail: Annotated[int, typer.Option(min=0, max=10000)] = 200,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+    ] = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Print the end of one rank's log."""
+    """Print the end of one rank's log; with --follow, stream it until the job ends."""
     with api_errors(), client(url, token) as c:
-        for line in c.logs(job_id, rank=rank, tail=tail):
+        lines = c.follow_logs(job_id, rank, tail) if follow else c.logs(job_id, rank, tail)
+        for line in lines:
             typer.echo(line)
 
 

@@ -53,8 +53,8 @@ def serve(
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)
     console.print(
-        f"Shardline API on http://{settings.host}:{settings.port} (docs at /docs); "
-        f"Ray at {address}",
+        f"Shardline on http://{settings.host}:{settings.port} (status page at /, API docs "
+        f"at /docs); Ray at {address}",
         soft_wrap=True,
     )
     try:

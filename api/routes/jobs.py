@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError, validation_failed
+from api.log_stream import follow_response
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -23,6 +24,7 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
+from service.job_logs import tail_lines
 from service.models import User
 from service.store import JobStore
 from workers.checkpoint_store import CheckpointStore
@@ -206,21 +208,28 @@ def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> Checkpoi
     )
 
 
-@router.get("/{job_id}/logs", response_model=LogsPublic)
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogsPublic,
+    responses={200: {"content": {"text/plain": {}}, "description": "follow=true: a stream"}},
+)
 def job_logs(
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
     settings: SettingsDep,
     rank: Annotated[int, Query(ge=0)] = 0,
-    tail: Annotated[int, Query(ge=1, le=10000)] = 200,
-) -> LogsPublic:
-    """The last `tail` lines of one rank's log (empty until the job has run)."""
+    tail: Annotated[int, Query(ge=0, le=10000)] = 200,
+    follow: bool = False,
+) -> Any:
+    """The last `tail` lines of one rank's log (empty until the job has run).
+
+    With `follow=true`, a chunked text/plain stream of those lines and every line after
+    them, which ends when the job has ended.
+    """
     job = store.get(job_id, user)
     storage = JobStorage(settings.resolved_storage_root, job.id)
     path = storage.log_file(rank)
-    lines: list[str] = []
-    if path.is_file():
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-tail:]
-    ranks = storage.log_ranks()
-    return LogsPublic(rank=rank, lines=lines, ranks=ranks)
+    if follow:
+        return follow_response(store, user, job.id, path, tail)
+    return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=storage.log_ranks())

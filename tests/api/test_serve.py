@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from workers.engine.distributed import free_port
+from workers.net import free_port
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from workers.engine.distributed import free_port, init_world, leave_world
+from workers.engine.distributed import init_world, leave_world
+from workers.net import free_port
 
 
 @pytest.fixture

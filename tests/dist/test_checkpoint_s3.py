@@ -15,7 +15,7 @@ import pytest
 
 from tests.dist.test_checkpoint import layout_spec, losses, train
 from workers.checkpoint_store import CheckpointStore
-from workers.engine.distributed import free_port
+from workers.net import free_port
 from workers.engine.launch import LocalCheckpoints
 
 BUCKET = "shardline-test"

@@ -14,7 +14,7 @@ import uvicorn
 from api.app import create_app
 from service.config import Settings
 from service.runtime import Runtime
-from workers.engine.distributed import free_port
+from workers.net import free_port
 
 
 @dataclass
@@ -25,8 +25,11 @@ class RunningServer:
 
 
 @contextmanager
-def run_server(settings: Settings, runtime: Runtime | None = None) -> Iterator[RunningServer]:
-    port = free_port()
+def run_server(
+    settings: Settings, runtime: Runtime | None = None, port: int | None = None
+) -> Iterator[RunningServer]:
+    """Serve on `port` (a free one by default) until the block ends."""
+    port = port or free_port()
     settings = settings.model_copy(update={"port": port})
     app = create_app(settings, runtime)
     server = uvicorn.Server(
@@ -35,7 +38,8 @@ def run_server(settings: Settings, runtime: Runtime | None = None) -> Iterator[R
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    # Startup connects to Ray (lifespan); on a loaded 2-core machine that can take a while.
+    deadline = time.monotonic() + 90
     while True:
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+
+
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pick_device(local_rank: int) -> torch.device:

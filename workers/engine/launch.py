@@ -156,7 +156,7 @@ def train_local(
     on_event: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on `nproc` local processes; returns rank 0's summary."""
-    from workers.engine.distributed import free_port
+    from workers.net import free_port
 
     spec.check_world_size(nproc)
     ctx = mp.get_context("spawn")

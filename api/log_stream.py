@@ -1,0 +1,57 @@
+"""`GET /v1/jobs/{id}/logs?follow=true`: one rank's log as a chunked text stream.
+
+Sends the last `tail` lines, then every line the rank appends, until the job has ended
+and its log is drained. Plain text lines over chunked transfer: `curl -N` shows it as is,
+and the CLI reads it line by line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+
+from api.client import TERMINAL_STATES
+from service.job_logs import LogFollower
+from service.models import User
+from service.store import JobStore
+
+POLL_S = 0.5
+
+
+def follow_response(
+    store: JobStore, user: User, job_id: str, log_file: Path, tail: int
+) -> StreamingResponse:
+    """Stream `log_file` (one rank's log of job `job_id`) until the job has ended."""
+    lines = _follow(store, user, job_id, LogFollower(log_file), tail)
+    return StreamingResponse(
+        lines,
+        media_type="text/plain; charset=utf-8",
+        # Proxies such as nginx would otherwise hold the stream back in their buffers.
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _follow(
+    store: JobStore, user: User, job_id: str, follower: LogFollower, tail: int
+) -> AsyncIterator[str]:
+    # File and database reads block; they run in the thread pool, not on the event loop.
+    if text := _chunk(await run_in_threadpool(follower.start, tail)):
+        yield text
+    while True:
+        job = await run_in_threadpool(store.get, job_id, user)
+        if job.state in TERMINAL_STATES:
+            # The job's workers are gone: what is in the file now is all there will be.
+            if text := _chunk(await run_in_threadpool(follower.rest)):
+                yield text
+            return
+        if text := _chunk(await run_in_threadpool(follower.read)):
+            yield text
+        await asyncio.sleep(POLL_S)
+
+
+def _chunk(lines: list[str]) -> str:
+    return "".join(line + "\n" for line in lines)

@@ -1,0 +1,69 @@
+// Wires the views to the URL hash, the token and one polling loop.
+
+import { Rejected, Unreachable, token } from "./api.js";
+import { JobPage } from "./job.js";
+import { JobList } from "./list.js";
+
+const POLL_MS = 2000;
+const $ = (id) => document.getElementById(id);
+let view = null;
+let timer = null;
+let generation = 0;  // a poll that returns after the view changed is dropped
+
+function showOnly(sectionId) {
+  for (const id of ["login", "jobs-view", "job-view"]) $(id).hidden = id !== sectionId;
+  $("logout").hidden = sectionId === "login";
+}
+
+function showLogin(rejected) {
+  clearTimeout(timer);
+  view = null;
+  $("offline").hidden = true;
+  $("login-rejected").hidden = !rejected;
+  showOnly("login");
+  $("token").focus();
+}
+
+function open() {
+  if (!token.get()) return showLogin(false);
+  const match = location.hash.match(/^#\/jobs\/([\w.-]+)$/);
+  view = match ? new JobPage(match[1]) : new JobList();
+  view.onChange = poll;
+  showOnly(match ? "job-view" : "jobs-view");
+  poll();
+}
+
+async function poll() {
+  clearTimeout(timer);
+  const mine = ++generation;
+  const current = view;
+  let again = true;
+  try {
+    again = await current.refresh();
+    if (mine !== generation) return;
+    $("offline").hidden = true;
+  } catch (err) {
+    if (mine !== generation) return;
+    if (err instanceof Rejected) {
+      token.clear();
+      return showLogin(true);
+    }
+    // Unreachable: say so and keep retrying; anything else is shown and retried too.
+    $("offline").hidden = !(err instanceof Unreachable);
+    if (!(err instanceof Unreachable)) console.error(err);
+  }
+  if (again) timer = setTimeout(poll, POLL_MS);
+}
+
+$("login-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  token.set($("token").value.trim());
+  $("token").value = "";
+  open();
+});
+$("logout").addEventListener("click", () => {
+  token.clear();
+  showLogin(false);
+});
+window.addEventListener("hashchange", open);
+open();

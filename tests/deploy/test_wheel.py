@@ -1,0 +1,59 @@
+"""A non-editable install runs from any directory: page, docs assets and migrations ship."""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+
+from sqlalchemy import create_engine, inspect
+
+from tests.deploy.conftest import InstalledWheel, outside_env
+
+
+def run(installed: InstalledWheel, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(installed.shardline), *args],
+        cwd=installed.outside,
+        env=outside_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_wheel_holds_the_page_and_the_migrations(installed_wheel: InstalledWheel) -> None:
+    names = set(zipfile.ZipFile(installed_wheel.wheel).namelist())
+    for shipped in (
+        "api/static/page/index.html",
+        "api/static/page/main.js",
+        "api/static/page/app.css",
+        "service/migrations/env.py",
+        "service/migrations/script.py.mako",
+        "service/migrations/versions/0001_initial_schema.py",
+    ):
+        assert shipped in names, f"{shipped} is not in {installed_wheel.wheel.name}"
+
+
+def test_installed_package_is_the_wheel_not_the_checkout(installed_wheel: InstalledWheel) -> None:
+    where = subprocess.run(
+        [str(installed_wheel.python), "-c", "import api, service; print(api.__file__)"],
+        cwd=installed_wheel.outside,
+        env=outside_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(installed_wheel.venv)), where
+
+
+def test_serve_help_and_migrate_from_outside_the_checkout(installed_wheel: InstalledWheel) -> None:
+    helped = run(installed_wheel, "serve", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "SHARDLINE_RAY_ADDRESS" in helped.stdout
+
+    url = f"sqlite:///{installed_wheel.outside / 'fresh.db'}"
+    migrated = run(installed_wheel, "migrate", SHARDLINE_DATABASE_URL=url)
+    assert migrated.returncode == 0, migrated.stderr
+    engine = create_engine(url)
+    assert {"jobs", "users", "alembic_version"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
