@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from service.loop import PeriodicLoop
 from service.models import Job
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
 from workers.lifecycle import JobState
 from workers.spec import JobSpec
 
@@ -116,7 +116,14 @@ class Scheduler(PeriodicLoop):
         if not queued:
             return
         total = self.cluster_total()
-        demand = {j.id: job_demand(JobSpec.model_validate(j.spec)) for j in active}
+        demand: dict[str, dict[str, float]] = {}
+        for j in active:
+            try:
+                demand[j.id] = job_demand(JobSpec.model_validate(j.spec))
+            except Exception as err:  # one unreadable spec must not stop every other job
+                self._fail(j, f"its stored spec cannot be read: {err}")
+        active = [j for j in active if j.id in demand]
+        queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
         for j in active:
             if j.state != JobState.QUEUED:
@@ -141,7 +148,17 @@ class Scheduler(PeriodicLoop):
                 self.store.set_queue_reason(job_id, reason)
 
     def _admit(self, job: Job) -> None:
-        self.launch(job)  # idempotent: reuses a supervisor that already exists
+        try:
+            self.launch(job)  # idempotent: reuses a supervisor that already exists
+        except Exception as err:
+            # Whatever this job's launch raises, it fails this job only, never the loop.
+            log.exception("job %s could not be started", job.id)
+            self._fail(job, f"could not be started: {type(err).__name__}: {err}")
+            try:
+                self.discard(job.id)  # a supervisor half-made by the failed launch
+            except Exception:
+                log.exception("job %s: removing its supervisor failed", job.id)
+            return
         try:
             self.store.transition(
                 job.id,
@@ -154,6 +171,15 @@ class Scheduler(PeriodicLoop):
             # Cancelled meanwhile: nothing will read this supervisor, so remove it now.
             log.info("job %s not started: %s", job.id, err)
             self.discard(job.id)
+
+    def _fail(self, job: Job, reason: str) -> None:
+        reason = reason[:2000]  # an exception's text can be arbitrarily long
+        try:
+            self.store.transition(
+                job.id, JobState.FAILED, reason, expected_version=job.version, failure_reason=reason
+            )
+        except StoreError as err:
+            log.info("job %s not failed: %s", job.id, err)
 
 
 def _utc(value: datetime) -> datetime:

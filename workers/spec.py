@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from workers.presets import PRESETS, ffn_hidden_dim
 
@@ -23,7 +30,26 @@ MAX_STEPS = 100_000_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: JSON has no Infinity or NaN, and a spec must survive the
+    # database and every reader of it (one unreadable spec once stopped all scheduling).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_is_storable(cls, value: Any) -> Any:
+        """Strings must encode as UTF-8 and hold no NUL: the database, JSON responses and
+        file paths all need that, so such a value is refused here and never stored."""
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError("contains a NUL character; remove it")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(
+                    f"is not valid Unicode text (a lone surrogate at position {err.start}); "
+                    "remove that character"
+                ) from None
+        return value
 
 
 class DataSource(StrEnum):
@@ -48,9 +74,6 @@ class ActivationCheckpointing(StrEnum):
     none = "none"
     full = "full"
     selective = "selective"
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class ModelSpec(_Strict):
@@ -156,11 +179,11 @@ class TrainSpec(_Strict):
     min_lr: Annotated[float, Field(ge=0.0, le=10.0)] = 3e-5
     warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
-    grad_clip: Annotated[float, Field(ge=0.0)] = 1.0
+    grad_clip: Annotated[float, Field(ge=0.0, le=1e6)] = 1.0
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
-    log_every: PositiveInt = 1
-    eval_every: Annotated[int, Field(ge=0)] = 0
+    log_every: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 1
+    eval_every: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
 
     @model_validator(mode="after")
     def _check(self) -> Self:
