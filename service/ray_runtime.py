@@ -15,6 +15,7 @@ from service.runtime import ClusterInfo
 from service.scheduler import RESOURCE_NAMES, Scheduler, describe, job_demand
 from service.store import JobStore
 from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
+from workers.engine.data_access import DataAccess
 from workers.spec import JobSpec
 from workers.worker_group import bundle_resources
 
@@ -26,8 +27,11 @@ CALL_TIMEOUT_S = 10.0
 class RaySupervisors:
     """Finding, starting, reading and removing supervisors by their actor names."""
 
-    def __init__(self, storage_root: str) -> None:
+    def __init__(self, storage_root: str, access: DataAccess | None = None) -> None:
         self.storage_root = storage_root
+        # Every actor a supervisor starts inherits its runtime_env, so each worker reads
+        # the data roots from its environment when it opens a file.
+        self.runtime_env = {"env_vars": (access or DataAccess()).env_vars()}
         # Named-actor lookups go to the GCS; the reconciler asks several times per tick.
         # A handle is dropped when its actor fails a call or is removed.
         self._handles: dict[str, Any] = {}
@@ -53,6 +57,7 @@ class RaySupervisors:
                 namespace=NAMESPACE,
                 lifetime="detached",
                 get_if_exists=True,
+                runtime_env=self.runtime_env,
             ).remote(job.id, spec_json, self.storage_root)
         ray.get(handle.start.remote(), timeout=60)
 
@@ -92,7 +97,10 @@ class RayRuntime:
         self.settings = settings
         self.store = store
         self.address = address
-        self.supervisors = RaySupervisors(str(settings.resolved_storage_root))
+        self.supervisors = RaySupervisors(
+            str(settings.resolved_storage_root),
+            DataAccess.of(settings.data_roots, settings.private_dirs),
+        )
         self.scheduler = Scheduler(
             store, cluster_total=self._total, launch=self._launch, discard=self.supervisors.remove
         )
