@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,14 +67,23 @@ def error_response(
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
+# A dotted field path as cross-field messages write it: "train.global_batch_size=...".
+_NAMED_FIELD = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
+
+
 def field_errors(errors: Any) -> list[dict[str, str]]:
-    """Pydantic errors as [{field, message}], the field a dotted path into the body."""
+    """Pydantic errors as [{field, message}], the field a dotted path into the body.
+
+    A cross-field rule fails on the section holding its fields (or on the whole spec), so
+    its field is the first one its message names below that section."""
     out = []
     for e in errors:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        out.append(
-            {"field": ".".join(loc), "message": str(e.get("msg", "")).removeprefix("Value error, ")}
-        )
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        message = str(e.get("msg", "")).removeprefix("Value error, ")
+        if e.get("type") == "value_error":
+            named = [m for m in _NAMED_FIELD.findall(message) if m.startswith(loc)]
+            loc = named[0] if named else loc
+        out.append({"field": loc, "message": message})
     return out
 
 
