@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.store import (
     ConcurrentUpdate,
@@ -116,9 +117,37 @@ def install_error_handlers(app: FastAPI) -> None:
             err.status_code, code, str(err.detail), headers=getattr(err, "headers", None)
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(
-            500, "internal_error", "the server failed to handle this request; it has been logged"
-        )
+    # Not an exception_handler(Exception): Starlette runs that one in its outermost
+    # middleware, which re-raises after answering, so the server logged each error twice.
+    app.add_middleware(CatchUnexpected)
+
+
+class CatchUnexpected:
+    """ASGI middleware: an exception no handler took is logged once and answered with
+    the 500 error shape (when no response has started yet)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                response = error_response(
+                    500,
+                    "internal_error",
+                    "the server failed to handle this request; it has been logged",
+                )
+                await response(scope, receive, send)
