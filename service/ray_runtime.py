@@ -12,7 +12,13 @@ from service.config import Settings
 from service.models import Job
 from service.reconciler import Reconciler
 from service.runtime import ClusterInfo
-from service.scheduler import RESOURCE_NAMES, Scheduler, describe, job_demand
+from service.scheduler import (
+    RESOURCE_NAMES,
+    Scheduler,
+    describe,
+    host_memory_refusal,
+    job_demand,
+)
 from service.store import JobStore
 from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
 from workers.engine.data_access import DataAccess
@@ -143,6 +149,9 @@ class RayRuntime:
 
     def refusal(self, spec: JobSpec) -> str | None:
         demand, total = job_demand(spec), self._total()
+        too_big = host_memory_refusal(spec, total.get("GPU", 0.0))
+        if too_big is not None:
+            return too_big
         if any(demand[k] > total.get(k, 0.0) + 1e-9 for k in RESOURCE_NAMES):
             return (
                 f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "

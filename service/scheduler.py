@@ -33,6 +33,36 @@ def job_demand(spec: JobSpec) -> dict[str, float]:
     }
 
 
+# fp32 weights, gradients and two Adam moments: what training holds per parameter.
+TRAINING_BYTES_PER_PARAM = 16
+# Host memory a whole CPU job may plan to hold; far above what CPU training is useful for.
+MAX_CPU_JOB_BYTES = 64 << 30
+
+
+def host_memory_refusal(spec: JobSpec, cluster_gpus: float | None = None) -> str | None:
+    """Why a job on CPU ranks is too large to train in host memory, or None.
+
+    Sharding spreads the state over ranks but does not shrink it, so the whole job counts.
+    `cluster_gpus` (None: unknown) only picks the advice."""
+    if spec.resources.gpus_per_worker > 0:
+        return None
+    params = spec.model.parameter_count()
+    need = params * TRAINING_BYTES_PER_PARAM
+    if need <= MAX_CPU_JOB_BYTES:
+        return None
+    advice = (
+        "the cluster has no GPUs, so train a smaller model"
+        if cluster_gpus == 0
+        else "set resources.gpus_per_worker to train it on GPUs, or train a smaller model"
+    )
+    return (
+        f"the model (model.preset={spec.model.preset!r} with any overrides) has "
+        f"{params / 1e9:.1f}B parameters: about "
+        f"{need / 2**30:.0f} GiB of fp32 weights, gradients and optimizer state, more than "
+        f"the {MAX_CPU_JOB_BYTES >> 30} GiB a job on CPU ranks may hold; {advice}"
+    )
+
+
 def describe(resources: dict[str, float]) -> str:
     return ", ".join(
         f"{resources.get(k, 0):g} {k}" for k in RESOURCE_NAMES if resources.get(k, 0) or k == "CPU"

@@ -201,3 +201,11 @@ def test_cancelling_a_job_that_ended_otherwise_is_still_a_409(backend: Backend) 
     )
     assert response.status_code == 409, response.text
     assert response.json()["error"]["code"] == "illegal_transition"
+
+
+def test_an_8b_model_on_cpu_ranks_is_refused_at_submit(backend: Backend) -> None:
+    _, token = backend.new_user()
+    response = post_spec(backend, token, spec_body(model={"preset": "8b"}))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "does_not_fit" and "8.0B parameters" in error["message"]
