@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.openapi import install_openapi
 from api.routes import jobs, system
 from api.telemetry import ApiTelemetry
 from service.config import Settings
@@ -48,6 +49,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
     install_error_handlers(app)
+    install_openapi(app)
     app.middleware("http")(app.state.telemetry.middleware)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)

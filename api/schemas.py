@@ -33,6 +33,19 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    # Validation errors: [{"field": "train.lr", "message": ...}]; otherwise usually null.
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    """Every failure, whatever its status: {"error": {"code", "message", "details"}}."""
+
+    error: ErrorInfo
+
+
 class _Times(BaseModel):
     @field_serializer("*", when_used="json")
     def _times(self, value: Any) -> Any:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError, validation_failed
+from api.openapi import JOB_SPEC_REF, error_responses
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -31,7 +32,7 @@ from workers.lifecycle import JobState
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422))
 
 # Databases compare with signed 64-bit integers; a larger bound overflows the driver.
 MAX_INT64 = 2**63 - 1
@@ -39,7 +40,7 @@ MAX_INT64 = 2**63 - 1
 _SPEC_BODY = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": JobSpec.model_json_schema()}},
+        "content": {"application/json": {"schema": {"$ref": JOB_SPEC_REF}}},
     }
 }
 
@@ -130,7 +131,10 @@ def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Sett
     status_code=201,
     response_model=JobPublic,
     openapi_extra=_SPEC_BODY,
-    responses={200: {"model": JobPublic, "description": "Idempotent replay"}},
+    responses={
+        200: {"model": JobPublic, "description": "Idempotent replay"},
+        **error_responses(400, 409, 413, 415),
+    },
 )
 async def submit_job(
     request: Request,
@@ -178,19 +182,25 @@ def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     return JobPublic.of(store.get(job_id, user))
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def cancel_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Ask the job to stop: CANCELLING, then CANCELLED once its workers are gone."""
     return JobPublic.of(store.request_cancel(job_id, user, f"cancel requested by {user.name}"))
 
 
-@router.post("/{job_id}/pause", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/pause", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def pause_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Checkpoint the job and free its workers: PAUSING, then PAUSED (RUNNING jobs only)."""
     return JobPublic.of(store.request_pause(job_id, user, f"pause requested by {user.name}"))
 
 
-@router.post("/{job_id}/resume", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/resume", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def resume_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Queue a PAUSED job again; it continues from the checkpoint its pause saved."""
     return JobPublic.of(store.request_resume(job_id, user, f"resume requested by {user.name}"))
