@@ -88,10 +88,7 @@ def check_data_path(spec: JobSpec, settings: Settings) -> None:
     for field, value in (("data.path", spec.data.path), ("data.tokenizer", spec.data.tokenizer)):
         if value is None or (field == "data.tokenizer" and value == "byte"):
             continue
-        path = Path(value).resolve()
-        reason = access.refusal(path)
-        if reason is None and path.is_dir() and any(p.is_relative_to(path) for p in access.private):
-            reason = "holds the service's own state or storage, which is never data"
+        reason = _path_refusal(Path(value), access)
         if reason is not None:
             raise ApiError(
                 422,
@@ -99,6 +96,17 @@ def check_data_path(spec: JobSpec, settings: Settings) -> None:
                 f"{field}: {value} {reason}",
                 [{"field": field, "message": reason}],
             )
+
+
+def _path_refusal(path: Path, access: DataAccess) -> str | None:
+    try:
+        real = path.resolve()
+        holds_private = real.is_dir() and any(p.is_relative_to(real) for p in access.private)
+    except (OSError, RuntimeError) as err:  # a symlink loop, a name too long, ...
+        return f"cannot be resolved ({type(err).__name__}); give an existing file or folder"
+    if holds_private:
+        return "holds the service's own state or storage, which is never data"
+    return access.refusal(real)
 
 
 def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Settings) -> None:

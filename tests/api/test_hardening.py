@@ -209,3 +209,19 @@ def test_an_8b_model_on_cpu_ranks_is_refused_at_submit(backend: Backend) -> None
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "does_not_fit" and "8.0B parameters" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["loop/x", "x" * 300, "x" * 300 + "/y"])
+def test_paths_that_cannot_be_resolved_are_a_422(backend: Backend, name: str) -> None:
+    root = backend.server.settings.data_roots[0]
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "loop").is_symlink():
+        (root / "loop").symlink_to(root / "loop")  # a symlink to itself
+    _, token = backend.new_user()
+    for field, data in (
+        ("data.path", {"source": "text", "path": f"{root}/{name}"}),
+        ("data.tokenizer", {"source": "synthetic", "tokenizer": f"{root}/{name}"}),
+    ):
+        response = post_spec(backend, token, spec_body(data=data))
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["details"][0]["field"] == field
