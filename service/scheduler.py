@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from service.loop import PeriodicLoop
 from service.models import Job
@@ -151,8 +152,12 @@ class Scheduler(PeriodicLoop):
             try:
                 demand[j.id] = job_demand(JobSpec.model_validate(j.spec))
             except Exception as err:  # one unreadable spec must not stop every other job
-                self._fail(j, f"its stored spec cannot be read: {err}")
-        active = [j for j in active if j.id in demand]
+                if j.state == JobState.QUEUED:
+                    self._fail(j, f"its stored spec cannot be read: {err}")
+                else:
+                    # Started under older rules: it runs on, and still holds its resources.
+                    log.warning("job %s: stored spec no longer validates: %s", j.id, err)
+                    demand[j.id] = _stored_demand(j.spec)
         queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
         for j in active:
@@ -210,6 +215,19 @@ class Scheduler(PeriodicLoop):
             )
         except StoreError as err:
             log.info("job %s not failed: %s", job.id, err)
+
+
+def _stored_demand(spec: Any) -> dict[str, float]:
+    """A started job's resources read from its stored spec as it is (best effort)."""
+    try:
+        par, res = spec.get("parallel", {}), spec.get("resources", {})
+        ranks = int(par.get("dp", 1)) * int(par.get("tp", 1)) * int(par.get("pp", 1))
+        return {
+            "CPU": float(res.get("cpus_per_worker", 1.0)) * ranks,
+            "GPU": float(res.get("gpus_per_worker", 0.0)) * ranks,
+        }
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return {k: 0.0 for k in RESOURCE_NAMES}
 
 
 def _utc(value: datetime) -> datetime:

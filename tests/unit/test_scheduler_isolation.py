@@ -82,3 +82,26 @@ def test_a_job_whose_launch_raises_fails_alone_and_the_loop_goes_on(store: JobSt
     third = submit(store, "third")
     loop.tick()
     assert launched == [second, third]
+
+
+def test_a_started_job_whose_spec_no_longer_validates_keeps_running_and_its_cpus(
+    store: JobStore,
+) -> None:
+    """Bounds tightened since it started (here: cpus_per_worker below today's minimum):
+    the scheduler leaves it alone and still counts what it holds."""
+    old, waiting = submit(store, "old"), submit(store, "waiting")
+    store.transition(old, JobState.STARTING, "started before the upgrade")
+    with store.db.session() as s:
+        spec = {"name": "old", "parallel": {"dp": 8}, "resources": {"cpus_per_worker": 0.05}}
+        s.execute(update(Job).where(Job.id == old).values(spec=spec))
+        s.execute(
+            update(Job)
+            .where(Job.id == waiting)
+            .values(spec={"name": "waiting", "resources": {"cpus_per_worker": 7.8}})
+        )
+        s.commit()
+    launched: list[str] = []
+    scheduler(store, launched).tick()
+    assert store.get(old).state == JobState.STARTING
+    assert launched == []  # 8 x 0.05 CPU held: 7.6 of 8 free, not enough for 7.8
+    assert "needs 7.8 CPU; 7.6 CPU free" in (store.get(waiting).queue_reason or "")
