@@ -54,6 +54,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
     install_error_handlers(app)
+    install_openapi(app)
     app.middleware("http")(app.state.telemetry.middleware)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.store import (
     ConcurrentUpdate,
@@ -66,14 +68,23 @@ def error_response(
     return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
+# A dotted field path as cross-field messages write it: "train.global_batch_size=...".
+_NAMED_FIELD = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
+
+
 def field_errors(errors: Any) -> list[dict[str, str]]:
-    """Pydantic errors as [{field, message}], the field a dotted path into the body."""
+    """Pydantic errors as [{field, message}], the field a dotted path into the body.
+
+    A cross-field rule fails on the section holding its fields (or on the whole spec), so
+    its field is the first one its message names below that section."""
     out = []
     for e in errors:
-        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-        out.append(
-            {"field": ".".join(loc), "message": str(e.get("msg", "")).removeprefix("Value error, ")}
-        )
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        message = str(e.get("msg", "")).removeprefix("Value error, ")
+        if e.get("type") == "value_error":
+            named = [m for m in _NAMED_FIELD.findall(message) if m.startswith(loc)]
+            loc = named[0] if named else loc
+        out.append({"field": loc, "message": message})
     return out
 
 
@@ -106,9 +117,37 @@ def install_error_handlers(app: FastAPI) -> None:
             err.status_code, code, str(err.detail), headers=getattr(err, "headers", None)
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(
-            500, "internal_error", "the server failed to handle this request; it has been logged"
-        )
+    # Not an exception_handler(Exception): Starlette runs that one in its outermost
+    # middleware, which re-raises after answering, so the server logged each error twice.
+    app.add_middleware(CatchUnexpected)
+
+
+class CatchUnexpected:
+    """ASGI middleware: an exception no handler took is logged once and answered with
+    the 500 error shape (when no response has started yet)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                response = error_response(
+                    500,
+                    "internal_error",
+                    "the server failed to handle this request; it has been logged",
+                )
+                await response(scope, receive, send)

@@ -1,55 +1,53 @@
-"""The OpenAPI document with every schema reachable from `#/components/schemas`.
-
-The job submit route declares its body as `JobSpec.model_json_schema()`, which carries
-its nested models in a local `$defs` with `#/$defs/...` references. Inside an OpenAPI
-document those references point at the document's root, where nothing is: ReDoc refuses
-the document and Swagger UI cannot expand the body. Hoisting the `$defs` into
-`components/schemas` makes the references resolve for every OpenAPI tool.
-"""
+"""The OpenAPI document: the JobSpec's schema in components, and every error documented
+with the shape it really has."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
-log = logging.getLogger(__name__)
+from api.schemas import ErrorBody
+from workers.spec import JobSpec
 
-LOCAL_REF = "#/$defs/"
-COMPONENT_REF = "#/components/schemas/"
+_WHY = {
+    400: "The body is not UTF-8 JSON, or is nested too deeply",
+    401: "Missing, invalid or revoked bearer token",
+    404: "No such job, or another user's job",
+    409: "Conflicts with the job's state, or an Idempotency-Key used for another spec",
+    413: "The request body is larger than the server allows",
+    415: "The body is not sent as application/json",
+    422: "A field is invalid (details name each field), or the job cannot fit the cluster",
+    503: "The database does not answer",
+}
+
+# Where the JobSpec's schema lives; POST /v1/jobs refers to it.
+JOB_SPEC_REF = "#/components/schemas/JobSpec"
 
 
-def hoist_local_defs(document: dict[str, Any]) -> dict[str, Any]:
-    """Move every nested `$defs` into components/schemas and repoint its references."""
-    schemas: dict[str, Any] = document.setdefault("components", {}).setdefault("schemas", {})
-
-    def visit(node: Any) -> Any:
-        if isinstance(node, list):
-            return [visit(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        for name, schema in node.pop("$defs", {}).items():
-            hoisted = visit(schema)
-            if schemas.setdefault(name, hoisted) != hoisted:
-                log.warning("OpenAPI: two different schemas are named %s; keeping the first", name)
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith(LOCAL_REF):
-            node["$ref"] = COMPONENT_REF + ref.removeprefix(LOCAL_REF)
-        return {key: visit(value) for key, value in node.items()}
-
-    paths = visit(document.get("paths", {}))
-    document["paths"] = paths
-    return document
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for these statuses, each with the error shape."""
+    return {status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses}
 
 
 def install_openapi(app: FastAPI) -> None:
-    """Serve the hoisted document at app.openapi_url (built once, like FastAPI's own)."""
-    build = app.openapi
+    """Build the document once, adding the JobSpec (read by the route from raw bytes, so
+    FastAPI does not see it) and its sections to components."""
 
-    def openapi() -> dict[str, Any]:
+    def build() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = hoist_local_defs(build())
+            document = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(spec.pop("$defs", {}))
+            schemas["JobSpec"] = spec
+            app.openapi_schema = document
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = build  # type: ignore[method-assign]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +16,34 @@ def _utc(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with what JSON responses cannot carry replaced: non-finite floats become
+    None, characters UTF-8 cannot encode (lone surrogates) "?". Rows stored before the
+    spec refused them must still list, read and cancel, not fail every listing."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    # Validation errors: [{"field": "train.lr", "message": ...}]; otherwise usually null.
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    """Every failure, whatever its status: {"error": {"code", "message", "details"}}."""
+
+    error: ErrorInfo
 
 
 class _Times(BaseModel):
@@ -54,14 +83,14 @@ class JobPublic(_Times):
             started_at=job.started_at,
             finished_at=job.finished_at,
             step=job.current_step,
-            steps=int(job.spec.get("train", {}).get("steps", 0)),
+            steps=_steps(job.spec),
             restarts=job.restarts,
             failure_reason=job.failure_reason,
             queue_reason=job.queue_reason,
-            latest_metrics=job.latest_metrics,
+            latest_metrics=json_safe(job.latest_metrics),
             latest_checkpoint=job.latest_checkpoint,
             version=job.version,
-            spec=job.spec,
+            spec=json_safe(job.spec),
         )
 
 
@@ -136,3 +165,10 @@ class ClusterPublic(BaseModel):
     resources: dict[str, float]
     available: dict[str, float]
     jobs: dict[str, int]
+
+
+def _steps(spec: Any) -> int:
+    try:
+        return int(spec.get("train", {}).get("steps", 0))
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return 0  # an unreadable stored spec: the job is listed, it just has no step count

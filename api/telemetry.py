@@ -15,6 +15,10 @@ from service.db import Database
 from service.models import Job
 from workers.lifecycle import JobState
 
+# Label values come from this fixed set, so no request can add a series: a made-up method
+# is "other" and a path that matches no route is "unmatched".
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 
 class JobsByState(Collector):
     """Counted at scrape time from the database, the only source of truth."""
@@ -53,7 +57,8 @@ class ApiTelemetry:
     ) -> Response:
         start = time.perf_counter()
         response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        self.requests.labels(request.method, route, str(response.status_code)).inc()
-        self.latency.labels(request.method, route).observe(time.perf_counter() - start)
+        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
+        method = request.method if request.method in KNOWN_METHODS else "other"
+        self.requests.labels(method, route, str(response.status_code)).inc()
+        self.latency.labels(method, route).observe(time.perf_counter() - start)
         return response

@@ -53,5 +53,11 @@ class Settings(BaseSettings):
         return (self.storage_root or self.state_dir / "storage").resolve()
 
     @property
+    def private_dirs(self) -> list[Path]:
+        """Folders no job may read as data: they hold the admin token, the database and
+        every job's checkpoints and logs."""
+        return [self.state_dir.resolve(), self.resolved_storage_root]
+
+    @property
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.state_dir / "admin-token"

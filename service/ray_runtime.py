@@ -12,9 +12,16 @@ from service.config import Settings
 from service.models import Job
 from service.reconciler import Reconciler
 from service.runtime import ClusterInfo
-from service.scheduler import RESOURCE_NAMES, Scheduler, describe, job_demand
+from service.scheduler import (
+    RESOURCE_NAMES,
+    Scheduler,
+    describe,
+    host_memory_refusal,
+    job_demand,
+)
 from service.store import JobStore
 from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
+from workers.engine.data_access import DataAccess
 from workers.spec import JobSpec
 from workers.worker_group import bundle_resources
 
@@ -26,8 +33,11 @@ CALL_TIMEOUT_S = 10.0
 class RaySupervisors:
     """Finding, starting, reading and removing supervisors by their actor names."""
 
-    def __init__(self, storage_root: str) -> None:
+    def __init__(self, storage_root: str, access: DataAccess | None = None) -> None:
         self.storage_root = storage_root
+        # Every actor a supervisor starts inherits its runtime_env, so each worker reads
+        # the data roots from its environment when it opens a file.
+        self.runtime_env = {"env_vars": (access or DataAccess()).env_vars()}
         # Named-actor lookups go to the GCS; the reconciler asks several times per tick.
         # A handle is dropped when its actor fails a call or is removed.
         self._handles: dict[str, Any] = {}
@@ -53,6 +63,7 @@ class RaySupervisors:
                 namespace=NAMESPACE,
                 lifetime="detached",
                 get_if_exists=True,
+                runtime_env=self.runtime_env,
             ).remote(
                 job.id,
                 spec_json,
@@ -98,7 +109,10 @@ class RayRuntime:
         self.settings = settings
         self.store = store
         self.address = address
-        self.supervisors = RaySupervisors(str(settings.resolved_storage_root))
+        self.supervisors = RaySupervisors(
+            str(settings.resolved_storage_root),
+            DataAccess.of(settings.data_roots, settings.private_dirs),
+        )
         self.scheduler = Scheduler(
             store, cluster_total=self._total, launch=self._launch, discard=self.supervisors.remove
         )
@@ -141,6 +155,9 @@ class RayRuntime:
 
     def refusal(self, spec: JobSpec) -> str | None:
         demand, total = job_demand(spec), self._total()
+        too_big = host_memory_refusal(spec, total.get("GPU", 0.0))
+        if too_big is not None:
+            return too_big
         if any(demand[k] > total.get(k, 0.0) + 1e-9 for k in RESOURCE_NAMES):
             return (
                 f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "

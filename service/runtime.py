@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from service.scheduler import host_memory_refusal
 from workers.spec import JobSpec
 
 
@@ -40,7 +41,8 @@ class NoRuntime:
         )
 
     def refusal(self, spec: JobSpec) -> str | None:
-        return None
+        # No cluster to measure, but no cluster trains this on CPU ranks either.
+        return host_memory_refusal(spec)
 
     def start(self) -> None:
         return None

@@ -12,10 +12,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from service.loop import PeriodicLoop
 from service.models import Job
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
 from workers.lifecycle import JobState
 from workers.spec import JobSpec
 
@@ -31,6 +32,36 @@ def job_demand(spec: JobSpec) -> dict[str, float]:
         "CPU": spec.resources.cpus_per_worker * ranks,
         "GPU": spec.resources.gpus_per_worker * ranks,
     }
+
+
+# fp32 weights, gradients and two Adam moments: what training holds per parameter.
+TRAINING_BYTES_PER_PARAM = 16
+# Host memory a whole CPU job may plan to hold; far above what CPU training is useful for.
+MAX_CPU_JOB_BYTES = 64 << 30
+
+
+def host_memory_refusal(spec: JobSpec, cluster_gpus: float | None = None) -> str | None:
+    """Why a job on CPU ranks is too large to train in host memory, or None.
+
+    Sharding spreads the state over ranks but does not shrink it, so the whole job counts.
+    `cluster_gpus` (None: unknown) only picks the advice."""
+    if spec.resources.gpus_per_worker > 0:
+        return None
+    params = spec.model.parameter_count()
+    need = params * TRAINING_BYTES_PER_PARAM
+    if need <= MAX_CPU_JOB_BYTES:
+        return None
+    advice = (
+        "the cluster has no GPUs, so train a smaller model"
+        if cluster_gpus == 0
+        else "set resources.gpus_per_worker to train it on GPUs, or train a smaller model"
+    )
+    return (
+        f"the model (model.preset={spec.model.preset!r} with any overrides) has "
+        f"{params / 1e9:.1f}B parameters: about "
+        f"{need / 2**30:.0f} GiB of fp32 weights, gradients and optimizer state, more than "
+        f"the {MAX_CPU_JOB_BYTES >> 30} GiB a job on CPU ranks may hold; {advice}"
+    )
 
 
 def describe(resources: dict[str, float]) -> str:
@@ -116,7 +147,18 @@ class Scheduler(PeriodicLoop):
         if not queued:
             return
         total = self.cluster_total()
-        demand = {j.id: job_demand(JobSpec.model_validate(j.spec)) for j in active}
+        demand: dict[str, dict[str, float]] = {}
+        for j in active:
+            try:
+                demand[j.id] = job_demand(JobSpec.model_validate(j.spec))
+            except Exception as err:  # one unreadable spec must not stop every other job
+                if j.state == JobState.QUEUED:
+                    self._fail(j, f"its stored spec cannot be read: {err}")
+                else:
+                    # Started under older rules: it runs on, and still holds its resources.
+                    log.warning("job %s: stored spec no longer validates: %s", j.id, err)
+                    demand[j.id] = _stored_demand(j.spec)
+        queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
         for j in active:
             if j.state != JobState.QUEUED:
@@ -141,7 +183,17 @@ class Scheduler(PeriodicLoop):
                 self.store.set_queue_reason(job_id, reason)
 
     def _admit(self, job: Job) -> None:
-        self.launch(job)  # idempotent: reuses a supervisor that already exists
+        try:
+            self.launch(job)  # idempotent: reuses a supervisor that already exists
+        except Exception as err:
+            # Whatever this job's launch raises, it fails this job only, never the loop.
+            log.exception("job %s could not be started", job.id)
+            self._fail(job, f"could not be started: {type(err).__name__}: {err}")
+            try:
+                self.discard(job.id)  # a supervisor half-made by the failed launch
+            except Exception:
+                log.exception("job %s: removing its supervisor failed", job.id)
+            return
         try:
             self.store.transition(
                 job.id,
@@ -154,6 +206,28 @@ class Scheduler(PeriodicLoop):
             # Cancelled meanwhile: nothing will read this supervisor, so remove it now.
             log.info("job %s not started: %s", job.id, err)
             self.discard(job.id)
+
+    def _fail(self, job: Job, reason: str) -> None:
+        reason = reason[:2000]  # an exception's text can be arbitrarily long
+        try:
+            self.store.transition(
+                job.id, JobState.FAILED, reason, expected_version=job.version, failure_reason=reason
+            )
+        except StoreError as err:
+            log.info("job %s not failed: %s", job.id, err)
+
+
+def _stored_demand(spec: Any) -> dict[str, float]:
+    """A started job's resources read from its stored spec as it is (best effort)."""
+    try:
+        par, res = spec.get("parallel", {}), spec.get("resources", {})
+        ranks = int(par.get("dp", 1)) * int(par.get("tp", 1)) * int(par.get("pp", 1))
+        return {
+            "CPU": float(res.get("cpus_per_worker", 1.0)) * ranks,
+            "GPU": float(res.get("gpus_per_worker", 0.0)) * ranks,
+        }
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return {k: 0.0 for k in RESOURCE_NAMES}
 
 
 def _utc(value: datetime) -> datetime:

@@ -227,21 +227,31 @@ class JobStore:
 
     def request_cancel(self, job_id: str, viewer: User, reason: str) -> Job:
         """Ask a job to stop. A QUEUED or PAUSED job has nothing running and is cancelled
-        at once."""
+        at once. Asking again, or at the same time as another request, is not an error:
+        whoever loses the race gets the job as the winner left it."""
         job = self.get(job_id, viewer)
         state = JobState(job.state)
+        if state in (JobState.CANCELLING, JobState.CANCELLED):
+            return job
         if state.terminal:
             raise IllegalTransition(f"job {job_id} already ended ({state.value})")
-        if state == JobState.CANCELLING:
-            return job
-        job = self.transition(job_id, JobState.CANCELLING, reason, expected_version=job.version)
+        try:
+            job = self.transition(job_id, JobState.CANCELLING, reason, expected_version=job.version)
+        except ConcurrentUpdate:
+            now = self.get(job_id)
+            if now.state in (JobState.CANCELLING, JobState.CANCELLED):
+                return now
+            return self.request_cancel(job_id, viewer, reason)  # changed otherwise: retry
         if state in (JobState.QUEUED, JobState.PAUSED):
-            job = self.transition(
-                job_id,
-                JobState.CANCELLED,
-                f"cancelled while {state.value}",
-                expected_version=job.version,
-            )
+            try:
+                job = self.transition(
+                    job_id,
+                    JobState.CANCELLED,
+                    f"cancelled while {state.value}",
+                    expected_version=job.version,
+                )
+            except (ConcurrentUpdate, IllegalTransition):
+                job = self.get(job_id)  # someone else finished the cancel
         return job
 
     def request_pause(self, job_id: str, viewer: User, reason: str) -> Job:

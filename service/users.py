@@ -58,6 +58,10 @@ class UserDirectory:
             s.refresh(user)
             return user
 
+    def find_user(self, name: str) -> User | None:
+        with self.db.session() as s:
+            return s.scalar(select(User).where(User.name == name))
+
     def issue_token(self, user: User, name: str) -> IssuedToken:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.db.session() as s:

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from workers.presets import PRESETS, ffn_hidden_dim
 
@@ -20,10 +27,34 @@ from workers.presets import PRESETS, ffn_hidden_dim
 # instead of an out-of-memory crash hours later.
 MAX_DEGREE = 4096
 MAX_STEPS = 100_000_000
+# About 8x the largest open models: beyond this a spec is a typo, not a plan.
+MAX_PARAMETERS = 4 * 10**12
+# Tokens in one micro-batch (activations scale with it) and in one optimizer step.
+MAX_MICRO_BATCH_TOKENS = 1 << 22
+MAX_GLOBAL_BATCH_TOKENS = 1 << 30
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: JSON has no Infinity or NaN, and a spec must survive the
+    # database and every reader of it (one unreadable spec once stopped all scheduling).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_is_storable(cls, value: Any) -> Any:
+        """Strings must encode as UTF-8 and hold no NUL: the database, JSON responses and
+        file paths all need that, so such a value is refused here and never stored."""
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError("contains a NUL character; remove it")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(
+                    f"is not valid Unicode text (a lone surrogate at position {err.start}); "
+                    "remove that character"
+                ) from None
+        return value
 
 
 class DataSource(StrEnum):
@@ -48,9 +79,6 @@ class ActivationCheckpointing(StrEnum):
     none = "none"
     full = "full"
     selective = "selective"
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class ModelSpec(_Strict):
@@ -95,6 +123,16 @@ class ModelSpec(_Strict):
             out[name] = getattr(preset, name) if value is None else value
         out["ffn_dim"] = ffn_hidden_dim(out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of)
         return out
+
+    def parameter_count(self) -> int:
+        """Parameters of the model (untied input and output embeddings, as the engine
+        builds it)."""
+        r = self.resolved()
+        kv_dim = r["n_kv_heads"] * (r["dim"] // r["n_heads"])
+        attention = 2 * r["dim"] * r["dim"] + 2 * r["dim"] * kv_dim
+        mlp = 3 * r["dim"] * r["ffn_dim"]
+        per_layer = attention + mlp + 2 * r["dim"]
+        return 2 * r["vocab_size"] * r["dim"] + r["n_layers"] * per_layer + r["dim"]
 
 
 class DataSpec(_Strict):
@@ -156,11 +194,11 @@ class TrainSpec(_Strict):
     min_lr: Annotated[float, Field(ge=0.0, le=10.0)] = 3e-5
     warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
-    grad_clip: Annotated[float, Field(ge=0.0)] = 1.0
+    grad_clip: Annotated[float, Field(ge=0.0, le=1e6)] = 1.0
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
-    log_every: PositiveInt = 1
-    eval_every: Annotated[int, Field(ge=0)] = 0
+    log_every: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 1
+    eval_every: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -193,7 +231,8 @@ class FaultToleranceSpec(_Strict):
 
 class ResourcesSpec(_Strict):
     gpus_per_worker: Annotated[float, Field(ge=0.0, le=64.0)] = 0.0
-    cpus_per_worker: Annotated[float, Field(gt=0.0, le=1024.0)] = 1.0
+    # A rank below a tenth of a CPU would only time out its collectives.
+    cpus_per_worker: Annotated[float, Field(ge=0.1, le=1024.0)] = 1.0
 
 
 class JobSpec(_Strict):
@@ -255,6 +294,26 @@ class JobSpec(_Strict):
                 f"with parallel.pp_schedule='interleaved_1f1b' the micro-batches per step "
                 f"({self.accumulation_steps}) must be a multiple of parallel.pp={par.pp}; "
                 "change global_batch_size or micro_batch_size"
+            )
+        micro_tokens = tr.micro_batch_size * m["seq_len"]
+        if micro_tokens > MAX_MICRO_BATCH_TOKENS:
+            raise ValueError(
+                f"train.micro_batch_size x model.seq_len = {tr.micro_batch_size} x "
+                f"{m['seq_len']} = {micro_tokens} tokens per micro-batch, above "
+                f"{MAX_MICRO_BATCH_TOKENS}; lower micro_batch_size (accumulation keeps the "
+                "global batch)"
+            )
+        step_tokens = tr.global_batch_size * m["seq_len"]
+        if step_tokens > MAX_GLOBAL_BATCH_TOKENS:
+            raise ValueError(
+                f"train.global_batch_size x model.seq_len = {step_tokens} tokens per step, "
+                f"above {MAX_GLOBAL_BATCH_TOKENS}; lower global_batch_size"
+            )
+        params = self.model.parameter_count()
+        if params > MAX_PARAMETERS:
+            raise ValueError(
+                f"model.dim, model.n_layers and model.vocab_size give {params:.3g} parameters, "
+                f"above {MAX_PARAMETERS:.0g}; use a smaller model"
             )
         if (
             self.data.source == DataSource.text

@@ -36,6 +36,15 @@ def create(
         raise fail(["--name: 1 to 64 letters, digits, - or _"])
     users, db = _directory()
     try:
+        existing = users.find_user(name)
+        if existing is not None and existing.is_admin and not admin:
+            # Its token would be an admin token: say so rather than hand one out unasked.
+            raise fail(
+                [
+                    f"--name {name}: that user is an admin, so its token would be an admin "
+                    "token; pass --admin if you mean that, or choose another name"
+                ]
+            )
         issued = users.issue_token(users.ensure_user(name, admin=admin), name=f"{name}-cli")
     finally:
         db.dispose()

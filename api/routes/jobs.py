@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError, validation_failed
 from api.log_stream import follow_response
+from api.openapi import JOB_SPEC_REF, error_responses
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -28,52 +29,86 @@ from service.job_logs import tail_lines
 from service.models import User
 from service.store import JobStore
 from workers.checkpoint_store import CheckpointStore
+from workers.engine.data_access import DataAccess
 from workers.lifecycle import JobState
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422))
+
+# Databases compare with signed 64-bit integers; a larger bound overflows the driver.
+MAX_INT64 = 2**63 - 1
 
 _SPEC_BODY = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": JobSpec.model_json_schema()}},
+        "content": {"application/json": {"schema": {"$ref": JOB_SPEC_REF}}},
     }
 }
 
 
-def parse_spec(raw: bytes) -> JobSpec:
+def parse_spec(raw: bytes, content_type: str | None = None) -> JobSpec:
     """Body bytes -> JobSpec, every failure a 4xx with the error shape."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"a job spec is sent as Content-Type: application/json, not {media_type or 'none'}",
+        )
     try:
         data: Any = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_body", "the request body is not UTF-8 text") from None
     except json.JSONDecodeError as err:
         raise ApiError(400, "invalid_json", f"the request body is not JSON: {err}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(
             422, "validation_error", f"a job spec is a JSON object, got {type(data).__name__}"
         )
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as err:
         raise validation_failed(err.errors()) from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
+    # The stored spec is read back by the scheduler, listings and workers: it must be JSON.
+    try:
+        json.dumps(spec.model_dump(mode="json"), allow_nan=False).encode("utf-8")
+    except ValueError as err:
+        raise ApiError(422, "validation_error", f"the spec cannot be stored: {err}") from None
+    return spec
 
 
 def check_data_path(spec: JobSpec, settings: Settings) -> None:
-    """A job may only read data inside the configured data roots."""
-    if spec.data.path is None:
-        return
-    path = Path(spec.data.path).resolve()
-    roots = [root.resolve() for root in settings.data_roots]
-    if not any(path.is_relative_to(root) for root in roots):
-        raise ApiError(
-            422,
-            "validation_error",
-            f"data.path: {spec.data.path} is outside the data roots this server "
-            f"allows ({', '.join(map(str, roots))})",
-            [{"field": "data.path", "message": "outside the allowed data roots"}],
-        )
+    """A job may only read data inside the configured data roots, and never the service's
+    own state (admin token, database) or storage. The worker checks every file again when
+    it opens it; this answers early. Messages never show the server's absolute roots."""
+    access = DataAccess.of(settings.data_roots, settings.private_dirs)
+    for field, value in (("data.path", spec.data.path), ("data.tokenizer", spec.data.tokenizer)):
+        if value is None or (field == "data.tokenizer" and value == "byte"):
+            continue
+        reason = _path_refusal(Path(value), access)
+        if reason is not None:
+            raise ApiError(
+                422,
+                "validation_error",
+                f"{field}: {value} {reason}",
+                [{"field": field, "message": reason}],
+            )
+
+
+def _path_refusal(path: Path, access: DataAccess) -> str | None:
+    try:
+        real = path.resolve()
+        holds_private = real.is_dir() and any(p.is_relative_to(real) for p in access.private)
+    except (OSError, RuntimeError) as err:  # a symlink loop, a name too long, ...
+        return f"cannot be resolved ({type(err).__name__}); give an existing file or folder"
+    if holds_private:
+        return "holds the service's own state or storage, which is never data"
+    return access.refusal(real)
 
 
 def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Settings) -> None:
@@ -106,7 +141,10 @@ def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Sett
     status_code=201,
     response_model=JobPublic,
     openapi_extra=_SPEC_BODY,
-    responses={200: {"model": JobPublic, "description": "Idempotent replay"}},
+    responses={
+        200: {"model": JobPublic, "description": "Idempotent replay"},
+        **error_responses(400, 409, 413, 415),
+    },
 )
 async def submit_job(
     request: Request,
@@ -117,7 +155,7 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Any:
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
-    spec = parse_spec(await request.body())
+    spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, settings)
     check_resume_from(spec, user, store, settings)
     refusal = runtime.refusal(spec)
@@ -154,19 +192,25 @@ def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     return JobPublic.of(store.get(job_id, user))
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/cancel", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def cancel_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Ask the job to stop: CANCELLING, then CANCELLED once its workers are gone."""
     return JobPublic.of(store.request_cancel(job_id, user, f"cancel requested by {user.name}"))
 
 
-@router.post("/{job_id}/pause", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/pause", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def pause_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Checkpoint the job and free its workers: PAUSING, then PAUSED (RUNNING jobs only)."""
     return JobPublic.of(store.request_pause(job_id, user, f"pause requested by {user.name}"))
 
 
-@router.post("/{job_id}/resume", status_code=202, response_model=JobPublic)
+@router.post(
+    "/{job_id}/resume", status_code=202, response_model=JobPublic, responses=error_responses(409)
+)
 def resume_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
     """Queue a PAUSED job again; it continues from the checkpoint its pause saved."""
     return JobPublic.of(store.request_resume(job_id, user, f"resume requested by {user.name}"))
@@ -177,7 +221,7 @@ def job_events(
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> EventsPublic:
     store.get(job_id, user)
@@ -191,7 +235,7 @@ def job_metrics(
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
-    since_step: Annotated[int, Query(ge=0)] = 0,
+    since_step: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> MetricsPublic:
     """Logged steps after `since_step`, in order."""

@@ -8,6 +8,7 @@ from sqlalchemy import func, select, text
 
 from api.deps import CurrentUser, RuntimeDep
 from api.errors import ApiError
+from api.openapi import error_responses
 from api.schemas import ClusterPublic
 from service.db import Database
 from service.models import Job
@@ -21,7 +22,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503))
 def readyz(request: Request) -> dict[str, str]:
     """Ready to serve: the database answers."""
     db: Database = request.app.state.db
@@ -33,14 +34,24 @@ def readyz(request: Request) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition",
+            "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+        },
+        **error_responses(401),
+    },
+)
 def prometheus_metrics(request: Request, _user: CurrentUser) -> Response:
     """Prometheus exposition (needs a token like every route that tells about jobs)."""
     registry = request.app.state.telemetry.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/cluster", response_model=ClusterPublic)
+@router.get("/v1/cluster", response_model=ClusterPublic, responses=error_responses(401))
 def cluster(request: Request, _user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
     info = runtime.cluster()
     db: Database = request.app.state.db

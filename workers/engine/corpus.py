@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workers.engine.data_access import DataAccess
 from workers.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -51,16 +52,21 @@ def text_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def _fingerprint(files: list[Path], tokenizer: Tokenizer) -> str:
+def _fingerprint(files: list[Path], tokenizer: Tokenizer, access: DataAccess) -> str:
     h = hashlib.sha256(tokenizer.name.encode())
     for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        # Checked even when the cache would answer: a cached file is still a read of it.
+        real = access.check(f, "data.path")
+        st = real.stat()
+        h.update(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:24]
 
 
-def text_tokens(root: Path, tokenizer: Tokenizer, vocab_size: int) -> np.ndarray:
+def text_tokens(
+    root: Path, tokenizer: Tokenizer, vocab_size: int, access: DataAccess | None = None
+) -> np.ndarray:
     """Tokenize a file or folder of UTF-8 text once, then reuse the cached memmap."""
+    access = access or DataAccess()
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(
             f"model.vocab_size={vocab_size} is smaller than the tokenizer's "
@@ -68,14 +74,16 @@ def text_tokens(root: Path, tokenizer: Tokenizer, vocab_size: int) -> np.ndarray
         )
     files = text_files(root)
     dtype = token_dtype(vocab_size)
-    cached = cache_dir() / "tokens" / f"{_fingerprint(files, tokenizer)}.{np.dtype(dtype).name}"
+    digest = _fingerprint(files, tokenizer, access)
+    cached = cache_dir() / "tokens" / f"{digest}.{np.dtype(dtype).name}"
     if cached.exists():
         return np.memmap(cached, dtype=dtype, mode="r")
     ids: list[int] = []
     skipped = 0
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8")
+            with access.open(f, "data.path") as handle:
+                text = handle.read().decode("utf-8")
         except UnicodeDecodeError:
             skipped += 1  # binary files in a folder of text (images, bytecode) are not text
             continue
@@ -92,14 +100,16 @@ def text_tokens(root: Path, tokenizer: Tokenizer, vocab_size: int) -> np.ndarray
     return np.memmap(cached, dtype=dtype, mode="r")
 
 
-def bin_tokens(path: Path, vocab_size: int) -> np.ndarray:
+def bin_tokens(path: Path, vocab_size: int, access: DataAccess | None = None) -> np.ndarray:
     """A pre-tokenized flat .bin of uint16 (vocab <= 65536) or uint32 ids."""
     if not path.is_file():
         raise FileNotFoundError(f"data.path: no token file at {path}")
     dtype = token_dtype(vocab_size)
-    if path.stat().st_size % np.dtype(dtype).itemsize:
-        raise ValueError(
-            f"data.path: {path} is not a whole number of {np.dtype(dtype).name} ids "
-            f"(model.vocab_size={vocab_size} selects {np.dtype(dtype).name})"
-        )
-    return np.memmap(path, dtype=dtype, mode="r")
+    # Map the file that was opened and checked, not whatever the path names a moment later.
+    with (access or DataAccess()).open(path, "data.path") as handle:
+        if os.fstat(handle.fileno()).st_size % np.dtype(dtype).itemsize:
+            raise ValueError(
+                f"data.path: {path} is not a whole number of {np.dtype(dtype).name} ids "
+                f"(model.vocab_size={vocab_size} selects {np.dtype(dtype).name})"
+            )
+        return np.memmap(handle, dtype=dtype, mode="r")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from workers.engine.corpus import bin_tokens, synthetic_tokens, text_tokens
+from workers.engine.data_access import DataAccess
 from workers.engine.tokenizer import load_tokenizer
 from workers.spec import DataSource, JobSpec
 
@@ -26,16 +27,21 @@ EVAL_BATCHES = 4
 _VAL_STREAM = 0x7FFF_FFFF
 
 
-def load_corpus(spec: JobSpec) -> np.ndarray:
-    """The job's whole token stream (train and held-out) as a 1-D array."""
+def load_corpus(spec: JobSpec, access: DataAccess | None = None) -> np.ndarray:
+    """The job's whole token stream (train and held-out) as a 1-D array.
+
+    Files are read under `access`, by default the rules the service put in this process's
+    environment (none for `shardline train` on one machine)."""
+    access = access or DataAccess.from_env()
     vocab_size = spec.model.resolved()["vocab_size"]
     data = spec.data
     if data.source == DataSource.synthetic:
         return synthetic_tokens(vocab_size, spec.train.seed)
     assert data.path is not None  # the spec requires it for these sources
     if data.source == DataSource.text:
-        return text_tokens(Path(data.path), load_tokenizer(data.tokenizer), vocab_size)
-    return bin_tokens(Path(data.path), vocab_size)
+        tokenizer = load_tokenizer(data.tokenizer, access)
+        return text_tokens(Path(data.path), tokenizer, vocab_size, access)
+    return bin_tokens(Path(data.path), vocab_size, access)
 
 
 @dataclass
@@ -78,9 +84,10 @@ class BatchLoader:
         mine = offsets[self.dp_rank * self.rows_per_rank : (self.dp_rank + 1) * self.rows_per_rank]
         rows = np.stack([split[o : o + self.seq_len + 1] for o in mine]).astype(np.int64)
         if rows.max(initial=0) >= self.vocab_size:
+            # Never the id itself: it is a piece of the file, which may not be the user's.
             raise ValueError(
-                f"data: token id {int(rows.max())} is out of range for model.vocab_size="
-                f"{self.vocab_size}; the data was tokenized with a larger vocabulary"
+                f"data: a token id is out of range for model.vocab_size={self.vocab_size}; "
+                "the data was tokenized with a larger vocabulary"
             )
         return torch.from_numpy(rows)
 

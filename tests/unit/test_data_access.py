@@ -1,0 +1,129 @@
+"""A job reads only files inside the data roots, checked when each file is opened: real
+files, real symlinks, including ones swapped in after the API looked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workers.engine.corpus import bin_tokens
+from workers.engine.data import load_corpus
+from workers.engine.data_access import PRIVATE_ENV, ROOTS_ENV, DataAccess, DataAccessDenied
+from workers.engine.tokenizer import load_tokenizer
+from workers.spec import JobSpec
+
+SECRET = "sl_admin_0123456789abcdef"
+
+
+@pytest.fixture
+def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A data root holding the service's state dir (the embedded default), a folder of
+    text, and a secret outside the root; the worker's environment set as the service sets it."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    state = root / ".shardline"
+    for folder in (root / "corpus", state / "storage", outside):
+        folder.mkdir(parents=True)
+    (root / "corpus" / "a.txt").write_text("hello world\n" * 200)
+    (state / "admin-token").write_text(SECRET)
+    (outside / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)
+    monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    access = DataAccess.of([root], [state, state / "storage"])
+    for name, value in access.env_vars().items():
+        monkeypatch.setenv(name, value)
+    return {"root": root, "outside": outside, "state": state}
+
+
+def text_spec(path: Path, tokenizer: str = "byte") -> JobSpec:
+    data = {"source": "text", "path": str(path), "tokenizer": tokenizer}
+    return JobSpec.model_validate({"name": "x", "data": data})
+
+
+def test_the_environment_carries_the_rules(layout: dict[str, Path]) -> None:
+    access = DataAccess.from_env()
+    assert access.roots == (layout["root"].resolve(),)
+    assert layout["state"].resolve() in access.private
+    assert DataAccess.from_env({}).roots is None  # `shardline train`: no service, no roots
+
+
+def test_text_inside_the_root_is_read(layout: dict[str, Path]) -> None:
+    tokens = load_corpus(text_spec(layout["root"] / "corpus"))
+    assert bytes(np.asarray(tokens[:11], dtype=np.uint8)) == b"hello world"
+
+
+def test_a_symlink_in_a_folder_pointing_out_of_the_root_is_refused(
+    layout: dict[str, Path],
+) -> None:
+    (layout["root"] / "corpus" / "b.txt").symlink_to(layout["outside"] / "passwd")
+    with pytest.raises(DataAccessDenied) as err:
+        load_corpus(text_spec(layout["root"] / "corpus"))
+    assert "outside the data roots" in str(err.value)
+    assert str(layout["outside"]) not in str(err.value)
+
+
+def test_a_file_swapped_for_a_symlink_after_submit_is_refused(layout: dict[str, Path]) -> None:
+    data = layout["root"] / "corpus" / "a.txt"
+    spec = text_spec(data)  # what the API accepted
+    data.unlink()
+    data.symlink_to(layout["outside"] / "passwd")
+    with pytest.raises(DataAccessDenied):
+        load_corpus(spec)
+
+
+def test_a_symlinked_token_file_into_the_state_dir_is_refused(layout: dict[str, Path]) -> None:
+    link = layout["root"] / "corpus" / "tokens.bin"
+    link.symlink_to(layout["state"] / "admin-token")
+    spec = JobSpec.model_validate(
+        {"name": "x", "data": {"source": "tokens", "path": str(link)}, "model": {"vocab_size": 256}}
+    )
+    with pytest.raises(DataAccessDenied) as err:
+        load_corpus(spec)
+    assert "service's own state" in str(err.value)
+    assert SECRET not in str(err.value)
+    with pytest.raises(DataAccessDenied):
+        load_corpus(text_spec(layout["root"]))  # a folder walk reaches the state dir too
+
+
+def test_the_tokenizer_file_is_checked_like_data(layout: dict[str, Path]) -> None:
+    outside = layout["outside"] / "tokenizer.json"
+    outside.write_text(json.dumps({"version": "1.0"}))
+    with pytest.raises(DataAccessDenied) as err:
+        load_corpus(text_spec(layout["root"] / "corpus", tokenizer=str(outside)))
+    assert err.value.args[0].startswith("data.tokenizer: ")
+    with pytest.raises(DataAccessDenied):
+        load_tokenizer(str(layout["state"] / "admin-token"), DataAccess.from_env())
+
+
+def test_an_allowed_token_file_is_mapped(layout: dict[str, Path]) -> None:
+    path = layout["root"] / "corpus" / "tokens.bin"
+    np.arange(100, dtype=np.uint16).tofile(path)
+    tokens = bin_tokens(path, 256, DataAccess.from_env())
+    assert list(tokens[:5]) == [0, 1, 2, 3, 4]
+
+
+def test_out_of_range_errors_do_not_echo_the_data(layout: dict[str, Path]) -> None:
+    from workers.engine.data import build_loader
+
+    path = layout["root"] / "corpus" / "tokens.bin"
+    np.full(4096, 54321, dtype=np.uint16).tofile(path)
+    spec = JobSpec.model_validate(
+        {
+            "name": "x",
+            "data": {"source": "tokens", "path": str(path)},
+            "model": {"vocab_size": 256, "seq_len": 16},
+        }
+    )
+    with pytest.raises(ValueError) as err:
+        build_loader(spec, 0, 1).train_batch(1)
+    assert "54321" not in str(err.value)
+
+
+def test_no_environment_means_no_restriction(
+    layout: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ROOTS_ENV)
+    monkeypatch.delenv(PRIVATE_ENV)
+    tokens = load_corpus(text_spec(layout["outside"] / "passwd"))
+    assert len(tokens) > 0

@@ -1,0 +1,107 @@
+"""One job the scheduler cannot read or launch fails alone; every other job still starts.
+
+The scheduler runs over a real job store on a SQLite file; only the launcher is a stand-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from service.db import Database
+from service.migrate import upgrade_to_head
+from service.models import Job
+from service.scheduler import Scheduler
+from service.store import JobStore
+from service.users import UserDirectory
+from workers.lifecycle import JobState
+from workers.spec import JobSpec
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[JobStore]:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    upgrade_to_head(url)
+    db = Database(url)
+    yield JobStore(db)
+    db.dispose()
+
+
+def submit(store: JobStore, name: str) -> str:
+    owner = UserDirectory(store.db).ensure_user("alice")
+    job, _ = store.create(owner, JobSpec.model_validate({"name": name}))
+    return job.id
+
+
+def scheduler(
+    store: JobStore, launched: list[str], broken: frozenset[str] = frozenset()
+) -> Scheduler:
+    def launch(job: Job) -> None:
+        if job.id in broken:
+            raise RuntimeError("the cluster refused this job's actor")
+        launched.append(job.id)
+
+    return Scheduler(
+        store,
+        cluster_total=lambda: {"CPU": 8.0, "GPU": 0.0},
+        launch=launch,
+        discard=lambda _: None,
+    )
+
+
+def test_a_stored_spec_that_cannot_be_parsed_fails_that_job_only(store: JobStore) -> None:
+    bad, good = submit(store, "bad"), submit(store, "good")
+    # A row written before the spec refused infinities: SQLite keeps `Infinity` in the JSON.
+    with store.db.session() as s:
+        spec = {"name": "bad", "train": {"grad_clip": float("inf")}}
+        s.execute(update(Job).where(Job.id == bad).values(spec=spec))
+        s.commit()
+    launched: list[str] = []
+    scheduler(store, launched).tick()
+    assert launched == [good]
+    assert store.get(good).state == JobState.STARTING
+    failed = store.get(bad)
+    assert failed.state == JobState.FAILED
+    assert "spec cannot be read" in (failed.failure_reason or "")
+    assert "train.grad_clip" in (failed.failure_reason or "")
+
+
+def test_a_job_whose_launch_raises_fails_alone_and_the_loop_goes_on(store: JobStore) -> None:
+    first, second = submit(store, "first"), submit(store, "second")
+    launched: list[str] = []
+    loop = scheduler(store, launched, broken=frozenset({first}))
+    loop.tick()  # must not raise
+    assert launched == [second]
+    assert store.get(second).state == JobState.STARTING
+    failed = store.get(first)
+    assert failed.state == JobState.FAILED
+    assert "the cluster refused this job's actor" in (failed.failure_reason or "")
+    third = submit(store, "third")
+    loop.tick()
+    assert launched == [second, third]
+
+
+def test_a_started_job_whose_spec_no_longer_validates_keeps_running_and_its_cpus(
+    store: JobStore,
+) -> None:
+    """Bounds tightened since it started (here: cpus_per_worker below today's minimum):
+    the scheduler leaves it alone and still counts what it holds."""
+    old, waiting = submit(store, "old"), submit(store, "waiting")
+    store.transition(old, JobState.STARTING, "started before the upgrade")
+    with store.db.session() as s:
+        spec = {"name": "old", "parallel": {"dp": 8}, "resources": {"cpus_per_worker": 0.05}}
+        s.execute(update(Job).where(Job.id == old).values(spec=spec))
+        s.execute(
+            update(Job)
+            .where(Job.id == waiting)
+            .values(spec={"name": "waiting", "resources": {"cpus_per_worker": 7.8}})
+        )
+        s.commit()
+    launched: list[str] = []
+    scheduler(store, launched).tick()
+    assert store.get(old).state == JobState.STARTING
+    assert launched == []  # 8 x 0.05 CPU held: 7.6 of 8 free, not enough for 7.8
+    assert "needs 7.8 CPU; 7.6 CPU free" in (store.get(waiting).queue_reason or "")
