@@ -29,9 +29,9 @@ import torch
 from workers.checkpoint_store import CheckpointStore, RestoreSource
 from workers.engine.checkpoint import Checkpointer, CheckpointPlan
 from workers.engine.distributed import init_world, leave_world
-from workers.net import free_port
 from workers.engine.train_state import small_state, tensor_state
 from workers.engine.trainer import Trainer
+from workers.net import free_port
 from workers.spec import JobSpec
 
 CHUNK = 8 << 20

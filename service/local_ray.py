@@ -66,16 +66,22 @@ class LocalRay:
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the head and every Ray process it started (all share its session)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in _session_members(self.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and _session_members(self.pid):
-                time.sleep(0.2)
-        _alive(self.pid)  # reaps it if it was our child
+        stop_session(self.pid, grace_s)
         self.record.unlink(missing_ok=True)
         log.info("stopped local Ray head %s", self.address)
+
+
+def stop_session(sid: int, grace_s: float = 3.0) -> None:
+    """Stop every process of session `sid` (a `ray start` begun in a new session, and all
+    it started): SIGTERM, then SIGKILL what is left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _session_members(sid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _session_members(sid):
+            time.sleep(0.2)
+    _alive(sid)  # reaps it if it was our child
 
 
 def _session_members(sid: int) -> list[int]:

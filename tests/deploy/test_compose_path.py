@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from api.client import Client
-from service.local_ray import OBJECT_STORE_BYTES, LocalRay
+from service.local_ray import OBJECT_STORE_BYTES, stop_session
 from tests.deploy.conftest import InstalledWheel, outside_env
 from tests.support.postgres_server import postgres_bindir, postgres_server
 from workers.net import free_port
@@ -53,7 +53,7 @@ def ray_node(
     try:
         yield
     finally:
-        LocalRay("", proc.pid, log.with_suffix(".gone")).stop()
+        stop_session(proc.pid)
 
 
 @contextmanager

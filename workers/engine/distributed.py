@@ -9,8 +9,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-
-
 log = logging.getLogger(__name__)
 
 
