@@ -6,10 +6,12 @@ API restarts, and the next `serve` re-attaches to the same head (its address and
 kept in state_dir/ray/). Stopping that one process stops the whole head it started.
 
 Anyone who can reach a Ray head can run code on it, so the head requires Ray's token
-authentication, with a token of its own kept in state_dir/ray/auth_token (mode 0600). The
-head, its workers (they inherit the head's environment) and the control plane (through
-`LocalRay.use_auth`) all name that file explicitly, so a `~/.ray/auth_token` left by some
-other Ray session changes nothing.
+authentication, with a token of its own kept in state_dir/ray/auth_token (mode 0600), or
+the file RAY_AUTH_TOKEN_PATH names where the operator set one. The head, its workers (they
+inherit the head's environment) and the control plane (through `LocalRay.use_auth`) all
+name that file explicitly, so a `~/.ray/auth_token` left by some other Ray session
+changes nothing. Ray reads its authentication settings when it is first imported: call
+`use_auth` before anything imports ray.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
 def _auth_token(state_dir: Path) -> Path:
-    """This state dir's Ray token file, created (0600) on first use."""
-    path = state_dir / "ray" / "auth_token"
+    """The head's token file: RAY_AUTH_TOKEN_PATH's where set, else this state dir's,
+    created (0600) on first use. Absolute: Ray's processes have other working directories."""
+    given = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if given:
+        return Path(given).resolve()
+    path = (state_dir / "ray" / "auth_token").resolve()
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -60,7 +66,8 @@ class LocalRay:
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.auth_token)}
 
     def use_auth(self) -> None:
-        """Make this process's `ray.init` present the head's token (call before it)."""
+        """Make this process's `ray.init` present the head's token. Ray reads this when it
+        is first imported, so call it before anything imports ray."""
         os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
         os.environ.update(self.auth_env)
 

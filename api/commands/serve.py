@@ -28,7 +28,6 @@ def serve(
     from service.db import Database
     from service.local_ray import LocalRay, start_local_ray
     from service.migrate import upgrade_to_head
-    from service.ray_runtime import RayRuntime
     from service.store import JobStore
     from service.users import UserDirectory, bootstrap_admin
 
@@ -48,8 +47,10 @@ def serve(
     address = settings.ray_address
     if not address:
         local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
-        local.use_auth()
+        local.use_auth()  # before ray is imported: it reads its auth settings then
         address = local.address
+    from service.ray_runtime import RayRuntime
+
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)
     console.print(

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.local_ray import LocalRay
+import pytest
+
+from service.local_ray import LocalRay, _auth_token
 
 PROBE = (
     "import ray; ray.init(address={address!r}, log_to_driver=False); "
@@ -28,9 +30,16 @@ def connect(head: LocalRay, home: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
-def test_token_file_is_private(ray_cluster: LocalRay) -> None:
-    mode = stat.S_IMODE(ray_cluster.auth_token.stat().st_mode)
-    assert mode == 0o600 and len(ray_cluster.auth_token.read_text()) == 64
+def test_a_state_dir_gets_a_private_token_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    token = _auth_token(tmp_path / "state")
+    assert token == (tmp_path / "state" / "ray" / "auth_token").resolve()
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+    assert _auth_token(tmp_path / "state").read_text() == token.read_text()  # kept
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "operators-token"))
+    assert _auth_token(tmp_path / "state") == (tmp_path / "operators-token").resolve()
 
 
 def test_a_client_without_the_token_is_refused(ray_cluster: LocalRay, tmp_path: Path) -> None:
