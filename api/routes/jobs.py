@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -23,6 +24,7 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
+from service.models import Job
 from service.states import JobState
 from workers.spec import JobSpec
 
@@ -87,11 +89,17 @@ async def submit_job(
 ) -> Any:
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
     spec = parse_spec(await request.body())
-    check_data_path(spec, settings)
-    refusal = runtime.refusal(spec)
-    if refusal is not None:
-        raise ApiError(422, "does_not_fit", refusal)
-    job, created = store.create(user, spec, idempotency_key)
+
+    def admit() -> tuple[Job, bool]:
+        check_data_path(spec, settings)
+        refusal = runtime.refusal(spec)
+        if refusal is not None:
+            raise ApiError(422, "does_not_fit", refusal)
+        return store.create(user, spec, idempotency_key)
+
+    # The cluster query and the database are blocking calls: run them in a worker thread
+    # so one slow submit does not stall every other request on the event loop.
+    job, created = await run_in_threadpool(admit)
     body = JobPublic.of(job).model_dump(mode="json")
     return JSONResponse(body, status_code=201 if created else 200)
 
