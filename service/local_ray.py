@@ -38,18 +38,18 @@ class LocalRay:
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the head and every Ray process it started (all share its session)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in _session_members(self.pid):
+            for pid in session_members(self.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and _session_members(self.pid):
+            while time.monotonic() < deadline and session_members(self.pid):
                 time.sleep(0.2)
         _alive(self.pid)  # reaps it if it was our child
         self.record.unlink(missing_ok=True)
         log.info("stopped local Ray head %s", self.address)
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """Live processes of session `sid`. Ray gives workers their own process groups, but
     they stay in the session of the `ray start` that was started with a new session."""
     members = []
