@@ -22,7 +22,7 @@ from service.migrate import upgrade_to_head
 from service.ray_runtime import RayRuntime
 from service.store import JobStore
 from service.users import UserDirectory
-from tests.support.databases import fresh_database, postgres_unavailable
+from tests.support.databases import fresh_database
 from tests.support.server import RunningServer, run_server
 from workers.actors import NAMESPACE
 from workers.worker_group import placement_group_name
@@ -70,8 +70,6 @@ def service(
 ) -> Callable[..., AbstractContextManager[Service]]:
     @contextmanager
     def make(database: str = "sqlite") -> Iterator[Service]:
-        if database == "postgresql" and (reason := postgres_unavailable()):
-            pytest.skip(reason)
         with fresh_database(database, tmp_path) as url:
             upgrade_to_head(url)
             db = Database(url)
