@@ -52,13 +52,16 @@ def test_zero_stages_shrink_what_each_rank_holds(
     def fraction(stage: int, kind: str) -> float:
         return held[stage][kind] / full[kind]
 
-    # zero-0 replicates everything.
+    # The table in docs/benchmarks.md is these figures. zero-0 replicates everything.
     assert held[0] == full
+    # ZeroRedundancyOptimizer partitions whole parameters, so not exactly a quarter.
     assert fraction(1, "optim") <= 0.30
-    assert fraction(1, "grads") == 1.0
-    assert fraction(2, "optim") <= 0.30 and fraction(2, "grads") <= 0.30
-    assert fraction(3, "optim") <= 0.30 and fraction(3, "grads") <= 0.30
-    assert fraction(3, "params") <= 0.30
+    assert fraction(1, "params") == fraction(1, "grads") == 1.0
+    # FSDP2 shards every tensor evenly (up to padding): a quarter each at dp=4, with
+    # parameters counted between steps (see the test above for during a step).
+    for stage in (2, 3):
+        for kind in ("params", "grads", "optim"):
+            assert fraction(stage, kind) == pytest.approx(0.25, abs=0.01), (stage, kind)
 
 
 def held_fraction(tensors: Sequence[torch.Tensor]) -> float:
