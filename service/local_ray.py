@@ -82,16 +82,16 @@ def stop_session(sid: int, grace_s: float = 3.0) -> None:
     """Stop every process of session `sid` (a `ray start` begun in a new session, and all
     it started): SIGTERM, then SIGKILL what is left after `grace_s`."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _session_members(sid):
+        for pid in session_members(sid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _session_members(sid):
+        while time.monotonic() < deadline and session_members(sid):
             time.sleep(0.2)
     _alive(sid)  # reaps it if it was our child
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """Live processes of session `sid`. Ray gives workers their own process groups, but
     they stay in the session of the `ray start` that was started with a new session."""
     members = []

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -26,7 +27,7 @@ from api.schemas import (
 )
 from service.config import Settings
 from service.job_logs import tail_lines
-from service.models import User
+from service.models import Job, User
 from service.store import JobStore
 from workers.checkpoint_store import CheckpointStore
 from workers.engine.data_access import DataAccess
@@ -156,12 +157,18 @@ async def submit_job(
 ) -> Any:
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
-    check_data_path(spec, settings)
-    check_resume_from(spec, user, store, settings)
-    refusal = runtime.refusal(spec)
-    if refusal is not None:
-        raise ApiError(422, "does_not_fit", refusal)
-    job, created = store.create(user, spec, idempotency_key)
+
+    def admit() -> tuple[Job, bool]:
+        check_data_path(spec, settings)
+        check_resume_from(spec, user, store, settings)
+        refusal = runtime.refusal(spec)
+        if refusal is not None:
+            raise ApiError(422, "does_not_fit", refusal)
+        return store.create(user, spec, idempotency_key)
+
+    # The cluster query and the database are blocking calls: run them in a worker thread
+    # so one slow submit does not stall every other request on the event loop.
+    job, created = await run_in_threadpool(admit)
     body = JobPublic.of(job).model_dump(mode="json")
     return JSONResponse(body, status_code=201 if created else 200)
 

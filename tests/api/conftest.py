@@ -18,7 +18,7 @@ from service.config import Settings
 from service.db import Database
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
-from tests.support.databases import fresh_database, postgres_unavailable
+from tests.support.databases import fresh_database
 from tests.support.server import RunningServer, run_server
 
 
@@ -44,10 +44,6 @@ class Backend:
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Backend]:
-    if request.param == "postgresql":
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
     folder: Path = tmp_path_factory.mktemp(f"api-{request.param}")
     with fresh_database(request.param, folder) as url:
         upgrade_to_head(url)

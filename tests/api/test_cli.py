@@ -88,5 +88,6 @@ def test_token_create_admin_sees_everything(backend: Backend, tmp_path: Path) ->
         job_id = c.submit({"name": "private"})["id"]
     env = {"SHARDLINE_DATABASE_URL": backend.url}
     admin = cli("token", "create", "--name", "root-ops", "--admin", env=env, cwd=tmp_path)
+    assert admin.returncode == 0, admin.stderr
     with backend.client(admin.stdout.strip()) as c:
         assert c.get(job_id)["owner"] != "root-ops"

@@ -3,29 +3,61 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+from sqlalchemy import event
 
+from service.db import Database
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from tests.api.conftest import Backend
 from workers.lifecycle import JobState
 
+# How many submits must be inside the store at the same moment, each having found no job
+# for the key, so that all but one take the duplicate-key (IntegrityError) path.
+RACERS = 4
 
-def test_50_concurrent_submits_with_one_key_create_one_job(backend: Backend) -> None:
+
+def test_50_concurrent_submits_with_one_key_create_one_job(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, token = backend.new_user()
     headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "same-key"}
     body = {"name": "once", "train": {"steps": 3}}
+    # Hold the first RACERS key lookups of the real server's store until all of them have
+    # arrived. If submits ran one at a time (a blocking store call on the event loop) the
+    # barrier could never fill and would break after its timeout.
+    store = cast(JobStore, backend.server.app.state.store)  # type: ignore[attr-defined]
+    lookup = store._by_key
+    barrier = threading.Barrier(RACERS, timeout=30)
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def held_lookup(owner_id: int, key: str) -> Any:
+        with lock:
+            calls.append(owner_id)
+            held = len(calls) <= RACERS
+        if held:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()
+        return lookup(owner_id, key)
+
+    monkeypatch.setattr(store, "_by_key", held_lookup)
 
     async def submit_all() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=backend.server.url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=backend.server.url, timeout=120) as http:
             return await asyncio.gather(
                 *[http.post("/v1/jobs", json=body, headers=headers) for _ in range(50)]
             )
 
     responses = asyncio.run(submit_all())
+    assert not barrier.broken, f"{RACERS} submits were never inside the store at once"
+    # Every racer but the winner (and any submit that overlapped them) hit the unique
+    # constraint and looked the key up again.
+    assert len(calls) >= 50 + RACERS - 1, len(calls)
     assert all(r.status_code in (200, 201) for r in responses), [r.text for r in responses]
     assert sum(r.status_code == 201 for r in responses) == 1
     assert len({r.json()["id"] for r in responses}) == 1
@@ -52,43 +84,63 @@ def test_same_key_with_another_body_is_a_conflict(backend: Backend) -> None:
 
 
 def _race(store: JobStore, job_id: str, version: int) -> dict[str, Any]:
-    """Two threads move one job, from the same read, to two different states at once."""
-    barrier = threading.Barrier(2)
+    """Two threads move one job, from the same read, to two different states at once.
+
+    Both are held just before their UPDATE until the other gets there too, so the loser
+    is stopped by the compare-and-swap itself, not by an earlier read that saw the
+    winner's commit.
+    """
+    at_update = threading.Barrier(2, timeout=30)
     outcomes: dict[str, Any] = {}
 
+    def hold_updates(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE JOBS"):
+            at_update.wait()
+
     def move(to: JobState) -> None:
-        barrier.wait()
         try:
             outcomes[to.value] = store.transition(
                 job_id, to, f"race to {to.value}", expected_version=version
             ).state
-        except (ConcurrentUpdate, IllegalTransition) as err:
+        except (ConcurrentUpdate, IllegalTransition, threading.BrokenBarrierError) as err:
             outcomes[to.value] = err
 
-    threads = [
-        threading.Thread(target=move, args=(to,)) for to in (JobState.STARTING, JobState.CANCELLING)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    event.listen(store.db.engine, "before_cursor_execute", hold_updates)
+    try:
+        threads = [
+            threading.Thread(target=move, args=(to,))
+            for to in (JobState.STARTING, JobState.CANCELLING)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        event.remove(store.db.engine, "before_cursor_execute", hold_updates)
+    assert not at_update.broken, f"both threads did not reach the UPDATE: {outcomes}"
     return outcomes
 
 
 def test_two_concurrent_conflicting_transitions_exactly_one_wins(backend: Backend) -> None:
-    store = JobStore(backend.db)
+    # A store of its own: the UPDATE hook must not hold the server's writes.
+    db = Database(backend.url)
+    store = JobStore(db)
     user = backend.users.ensure_user(backend.new_user()[0])
-    for _ in range(5):
-        job, _ = store.create(user, _spec())
-        outcomes = _race(store, job.id, job.version)
-        winners = [v for v in outcomes.values() if isinstance(v, str)]
-        losers = [v for v in outcomes.values() if isinstance(v, Exception)]
-        assert len(winners) == 1 and len(losers) == 1, outcomes
-        assert isinstance(losers[0], ConcurrentUpdate)
-        final = store.get(job.id)
-        assert final.state == winners[0] and final.version == job.version + 1
-        state_events = [e for e in store.events(job.id) if e.kind == "state"]
-        assert len(state_events) == 1
+    try:
+        for _ in range(5):
+            job, _ = store.create(user, _spec())
+            outcomes = _race(store, job.id, job.version)
+            winners = [v for v in outcomes.values() if isinstance(v, str)]
+            losers = [v for v in outcomes.values() if isinstance(v, Exception)]
+            assert len(winners) == 1 and len(losers) == 1, outcomes
+            assert isinstance(losers[0], ConcurrentUpdate)
+            assert "changed while moving it" in str(losers[0])  # lost at the CAS itself
+            final = store.get(job.id)
+            assert final.state == winners[0] and final.version == job.version + 1
+            state_events = [e for e in store.events(job.id) if e.kind == "state"]
+            assert len(state_events) == 1
+    finally:
+        db.dispose()
 
 
 def test_illegal_edges_are_refused(backend: Backend) -> None:

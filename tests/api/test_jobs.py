@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from api.client import Client, NotFound
+from service.store import JobStore
 from tests.api.conftest import Backend
 
 SPEC: dict[str, Any] = {"name": "api-job", "train": {"steps": 7}}
@@ -90,3 +91,35 @@ def test_health_readiness_and_prometheus(
     assert 'shardline_jobs{state="QUEUED"}' in text
     assert "shardline_http_requests_total" in text
     assert httpx.get(f"{url}/openapi.json").json()["paths"]["/v1/jobs"]["post"]
+
+
+def test_events_metrics_and_logs_read_from_where_the_caller_left_off(backend: Backend) -> None:
+    """`after`, `since_step` and `tail`, as the CLI and web page poll them."""
+    _, token = backend.new_user()
+    with backend.client(token) as c:
+        job_id = c.submit(SPEC)["id"]
+        # What the reconciler writes for a job that ran: five logged steps, two events.
+        entries: list[dict[str, Any]] = [
+            {"seq": s, "kind": "metrics", "step": s, "values": {"step": s, "loss": 9.0 - s}}
+            for s in range(1, 6)
+        ]
+        entries += [
+            {"seq": 6, "kind": "event", "message": "workers started"},
+            {"seq": 7, "kind": "event", "message": "step 5 reached"},
+        ]
+        JobStore(backend.db).record_progress(job_id, entries, after_seq=0)
+        assert [m["step"] for m in c.metrics(job_id, since_step=3)] == [4, 5]
+        assert [m["loss"] for m in c.metrics(job_id, since_step=3)] == [5.0, 4.0]
+        events = c.events(job_id)
+        assert [e["message"] for e in events][-2:] == ["workers started", "step 5 reached"]
+        newer = c.events(job_id, after=events[-2]["id"])
+        assert [e["message"] for e in newer] == ["step 5 reached"]
+        assert c.events(job_id, after=events[-1]["id"]) == []
+
+        # A rank's log, where the worker writes it.
+        log_dir = backend.server.settings.resolved_storage_root / job_id / "logs"
+        log_dir.mkdir(parents=True)
+        (log_dir / "rank-1.log").write_text("".join(f"line {i}\n" for i in range(10)))
+        assert c.logs(job_id, rank=1, tail=3) == ["line 7", "line 8", "line 9"]
+        assert c.logs(job_id, rank=1) == [f"line {i}" for i in range(10)]
+        assert c.logs(job_id, rank=0) == []

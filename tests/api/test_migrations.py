@@ -8,19 +8,17 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, make_url, text
 
 from service.migrate import downgrade_to_base, upgrade_to_head
 from service.models import Base
-from tests.support.databases import fresh_database, postgres_unavailable
+from tests.support.databases import fresh_database, postgres_admin_url
 
 TABLES = {"users", "api_tokens", "jobs", "job_events", "job_metrics", "checkpoints"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "postgresql" and (reason := postgres_unavailable()):
-        pytest.skip(reason)
     with fresh_database(request.param, tmp_path) as url:
         yield url
 
@@ -52,3 +50,25 @@ def test_models_and_migrations_agree(empty_database: str) -> None:
     finally:
         engine.dispose()
     assert diff == []
+
+
+def test_each_postgres_use_gets_its_own_database_and_drops_it() -> None:
+    with (
+        fresh_database("postgresql", Path()) as first,
+        fresh_database("postgresql", Path()) as second,
+    ):
+        names = [make_url(first).database, make_url(second).database]
+        assert names[0] != names[1]
+        assert _databases() >= set(names)
+    assert not _databases() & set(names)
+
+
+def _databases() -> set[str]:
+    admin = postgres_admin_url()
+    assert admin is not None
+    engine = create_engine(admin)
+    try:
+        with engine.connect() as conn:
+            return set(conn.scalars(text("SELECT datname FROM pg_database")))
+    finally:
+        engine.dispose()

@@ -1,4 +1,5 @@
-"""`shardline serve` on its embedded defaults: SQLite under ./.shardline, an admin token."""
+"""`shardline serve` on its embedded defaults: SQLite under ./.shardline, an admin token,
+and a local Ray head that goes away with the server."""
 
 from __future__ import annotations
 
@@ -8,16 +9,39 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
+from service.local_ray import LocalRay, find_local_ray, session_members
 from workers.net import free_port
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 
 
-def start(cwd: Path, port: int) -> subprocess.Popen[str]:
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Stop `shardline serve` as Ctrl-C does (killed if it does not exit); its output."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+def head_is_gone(head: LocalRay) -> bool:
+    """No process of the Ray head's session is left (zombies awaiting a reaper aside)."""
+    return not session_members(head.pid)
+
+
+@contextmanager
+def serving(cwd: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    """`shardline serve` in `cwd`. Whatever the test asserts, neither the server nor the
+    Ray head it started outlives the test."""
     proc = subprocess.Popen(
         [SHARDLINE, "serve", "--port", str(port)],
         cwd=cwd,
@@ -26,43 +50,52 @@ def start(cwd: Path, port: int) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")},
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
+    try:
+        deadline = time.monotonic() + 120
+        while not _ready(port):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError(f"serve did not become ready: {stop(proc)}")
             time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"serve did not become ready: {proc.stdout.read() if proc.stdout else ''}")
+        yield proc
+    finally:
+        stop(proc)
+        head = find_local_ray(cwd / ".shardline")
+        if head is not None:
+            head.stop()
 
 
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
-    return out
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
     port = free_port()
-    first = start(tmp_path, port)
-    token_file = tmp_path / ".shardline" / "admin-token"
-    token = token_file.read_text().strip()
-    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-    assert (tmp_path / ".shardline" / "shardline.db").is_file()
-    jobs = subprocess.run(
-        [SHARDLINE, "jobs"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "SHARDLINE_PORT": str(port)},
-    )
-    assert jobs.returncode == 0, jobs.stderr  # the CLI found the saved token by itself
-    out = stop(first)
-    assert token in out  # printed once, on first start
+    state = tmp_path / ".shardline"
+    with serving(tmp_path, port) as first:
+        token_file = state / "admin-token"
+        token = token_file.read_text().strip()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert (state / "shardline.db").is_file()
+        head = find_local_ray(state)
+        assert head is not None, "serve started no local Ray head"
+        jobs = subprocess.run(
+            [SHARDLINE, "jobs"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SHARDLINE_PORT": str(port)},
+        )
+        assert jobs.returncode == 0, jobs.stderr  # the CLI found the saved token by itself
+        out = stop(first)
+        assert token in out  # printed once, on first start
+        # With no job running, serve took its Ray head down with it.
+        assert find_local_ray(state) is None and head_is_gone(head)
 
-    second = start(tmp_path, port)
-    headers = {"Authorization": f"Bearer {token}"}
-    assert httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers).status_code == 200
-    out = stop(second)
-    assert "shl_" not in out and token_file.read_text().strip() == token
+    with serving(tmp_path, port) as second:
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers).status_code == 200
+        out = stop(second)
+        assert "shl_" not in out and token_file.read_text().strip() == token

@@ -5,21 +5,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench.layouts import parse_layout
+from tests.dist.runs import run
+from workers.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
+STEPS, BATCH, SEQ_LEN = 4, 8, 32
+TOKENS_PER_STEP = BATCH * SEQ_LEN
 
 
 def small_spec(tmp_path: Path) -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({
-        "name": "bench", "model": {"preset": "tiny", "seq_len": 32},
-        "train": {"steps": 4, "global_batch_size": 8, "micro_batch_size": 2, "log_every": 2,
-                  "warmup_steps": 1},
+        "name": "bench", "model": {"preset": "tiny", "seq_len": SEQ_LEN},
+        "train": {"steps": STEPS, "global_batch_size": BATCH, "micro_batch_size": 2,
+                  "log_every": 2, "warmup_steps": 1},
     }))
     return path
 
@@ -31,15 +37,27 @@ def test_parse_layout_uses_spec_names() -> None:
 
 
 def test_bench_prints_one_line_per_layout(tmp_path: Path) -> None:
+    spec = small_spec(tmp_path)
+    started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.layouts", str(small_spec(tmp_path)), "pp=2,tp=2",
+        [sys.executable, "-m", "bench.layouts", str(spec), "pp=2,tp=2",
          "dp=2,tp=2,zero=1"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
+    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     good, bad = (json.loads(line) for line in proc.stdout.splitlines())
     assert good["layout"] == "pp=2,dp=1,tp=2,zero=0,fp32"
-    assert good["tokens_per_s"] > 0 and good["step_time_s"] > 0 and good["peak_mem_bytes"] > 0
+    # The figures describe this run: tokens/s is the step's tokens over its time, a step
+    # took less than the whole command, and the layout trained like one process.
+    assert good["tokens_per_s"] == pytest.approx(TOKENS_PER_STEP / good["step_time_s"], rel=1e-2)
+    assert 0 < good["step_time_s"] < elapsed / STEPS
+    metrics, one_process = run(load_spec(spec))
+    assert good["final_loss"] == pytest.approx(one_process["final_loss"], rel=1e-4)
+    # pp=2 x tp=2 splits the model state four ways (embeddings and norms are not split).
+    whole = sum(metrics[-1]["mem_bytes"].values())
+    assert 0.2 * whole < good["model_state_bytes"] <= 0.55 * whole
+    assert good["peak_mem_bytes"] > good["model_state_bytes"]
     assert "zero_stage=1 cannot be combined with parallel.tp > 1" in bad["error"]
 
 
@@ -58,4 +76,8 @@ def test_shardline_train_runs_pipeline_with_tensor_parallel(tmp_path: Path) -> N
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["layout"] == "pp=2,dp=1,tp=2,zero=0,fp32" and summary["steps"] == 4
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 4] and rows[-1]["loss"] == summary["final_loss"]
+    assert [r["step"] for r in rows] == [1, 2, 4]
+    # pp x tp trains like one process: every logged step and the summary agree with it.
+    reference, _ = run(load_spec(small_spec(tmp_path)))
+    assert [r["loss"] for r in rows] == pytest.approx([m["loss"] for m in reference], rel=1e-4)
+    assert summary["final_loss"] == pytest.approx(reference[-1]["loss"], rel=1e-4)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
+from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
+from workers.engine.dtensor import local_part
+from workers.engine.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +52,70 @@ def test_zero_stages_shrink_what_each_rank_holds(
     def fraction(stage: int, kind: str) -> float:
         return held[stage][kind] / full[kind]
 
-    # zero-0 replicates everything.
+    # The table in docs/benchmarks.md is these figures. zero-0 replicates everything.
     assert held[0] == full
+    # ZeroRedundancyOptimizer partitions whole parameters, so not exactly a quarter.
     assert fraction(1, "optim") <= 0.30
-    assert fraction(1, "grads") == 1.0
-    assert fraction(2, "optim") <= 0.30 and fraction(2, "grads") <= 0.30
-    assert fraction(3, "optim") <= 0.30 and fraction(3, "grads") <= 0.30
-    assert fraction(3, "params") <= 0.30
+    assert fraction(1, "params") == fraction(1, "grads") == 1.0
+    # FSDP2 shards every tensor evenly (up to padding): a quarter each at dp=4, with
+    # parameters counted between steps (see the test above for during a step).
+    for stage in (2, 3):
+        for kind in ("params", "grads", "optim"):
+            assert fraction(stage, kind) == pytest.approx(0.25, abs=0.01), (stage, kind)
+
+
+def held_fraction(tensors: Sequence[torch.Tensor]) -> float:
+    """How much of these (possibly sharded) tensors this rank holds: 1.0 when whole."""
+    return sum(local_part(t).numel() for t in tensors) / sum(t.numel() for t in tensors)
+
+
+def inside_a_zero_step(
+    stage: int, rank: int, world_size: int, device: torch.device
+) -> dict[str, float]:
+    """What one rank holds of the transformer blocks at two moments of a training step."""
+    seen: dict[str, float] = {}
+    spec = tiny_spec(parallel={"dp": world_size, "zero_stage": stage}, train={"steps": 2})
+
+    def unwrap(model: nn.Module) -> nn.Module:
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        assert isinstance(inner, nn.Module)
+        return inner
+
+    def blocks(model: nn.Module) -> list[nn.Module]:
+        return list(unwrap(model).get_submodule("layers").children())
+
+    def at_optimizer_step(step: int, parts: list[nn.Module]) -> None:
+        params = [p for b in blocks(parts[0]) for p in b.parameters()]
+        seen["params_at_step"] = held_fraction(params)
+        seen["grads_at_step"] = held_fraction([p.grad for p in params if p.grad is not None])
+
+    trainer = Trainer(spec, world_size=world_size, device=device, grad_hook=at_optimizer_step)
+
+    def after_last_block(_module: nn.Module, _args: Any) -> None:
+        # Every block has run forward; none has run backward yet.
+        seen["params_in_forward"] = held_fraction(
+            [p for b in blocks(trainer.model) for p in b.parameters()]
+        )
+
+    unwrap(trainer.model).get_submodule("norm").register_forward_pre_hook(after_last_block)
+    trainer.train()
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        # DDP: everything whole, always.
+        (0, {"params_in_forward": 1.0, "params_at_step": 1.0, "grads_at_step": 1.0}),
+        # ZeRO-2: parameters gathered once and kept whole through forward and backward;
+        # gradients (and so the optimizer's updates) sharded.
+        (2, {"params_in_forward": 1.0, "params_at_step": 0.5, "grads_at_step": 0.5}),
+        # ZeRO-3: each block gives its gathered parameters back right after its forward.
+        (3, {"params_in_forward": 0.5, "params_at_step": 0.5, "grads_at_step": 0.5}),
+    ],
+)
+def test_zero_stage_decides_what_is_whole_during_the_step(
+    stage: int, expected: dict[str, float]
+) -> None:
+    for seen in on_ranks(partial(inside_a_zero_step, stage), world_size=2):
+        assert seen == pytest.approx(expected, abs=0.02), f"zero-{stage}: {seen}"

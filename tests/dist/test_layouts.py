@@ -48,7 +48,8 @@ def test_layout_matches_single_process(layout: str, single_process: list[dict[st
                                        ) -> None:
     metrics, summary = run(tiny_spec(parallel=LAYOUTS[layout], train=TRAIN))
     assert_same_training(metrics, single_process)
-    assert summary["final_loss"] == metrics[-1]["loss"]
+    # The summary's loss is the last step's, which the single process also reached.
+    assert summary["final_loss"] == pytest.approx(single_process[-1]["loss"], rel=1e-4)
     assert summary["steps"] == 10 and summary["tokens_per_s"] > 0
 
 

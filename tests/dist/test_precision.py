@@ -1,16 +1,65 @@
-"""bf16 and fp16 train; fp16 survives an inf in its gradients."""
+"""bf16 and fp16 compute in low precision over fp32 weights and reductions, train, and
+fp16 survives an inf in its gradients."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
+from workers.engine.dtensor import local_part
 from workers.engine.trainer import Trainer
+
+
+def inside_a_mixed_precision_step(
+    precision: str, rank: int, world_size: int, device: torch.device
+) -> dict[str, list[str]]:
+    """On one rank of a dp=2, ZeRO-2 run: the dtypes that matmuls produced, that the
+    weights and gradients had at the optimizer step, and that gradients were reduced in."""
+    seen: dict[str, set[str]] = {"matmul": set(), "weights": set(), "grads": set(),
+                                 "reduced": set()}
+    reduce_scatter = dist.reduce_scatter_single
+
+    def recording_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
+        seen["reduced"].add(str(kwargs["input"].dtype))
+        return reduce_scatter(*args, **kwargs)
+
+    # FSDP2 looks the collective up on the module at call time; this is a child process.
+    dist.reduce_scatter_single = recording_reduce_scatter
+
+    def at_optimizer_step(step: int, parts: list[nn.Module]) -> None:
+        for p in parts[0].parameters():
+            assert p.grad is not None
+            seen["weights"].add(str(local_part(p).dtype))
+            seen["grads"].add(str(local_part(p.grad).dtype))
+
+    spec = tiny_spec(precision=precision, parallel={"dp": world_size, "zero_stage": 2},
+                     train={"steps": 2})
+    trainer = Trainer(spec, world_size=world_size, device=device, grad_hook=at_optimizer_step)
+    for module in trainer.model.modules():
+        if isinstance(module, nn.Linear):
+            module.register_forward_hook(lambda _m, _i, out: seen["matmul"].add(str(out.dtype)))
+    trainer.train()
+    return {kind: sorted(dtypes) for kind, dtypes in seen.items()}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_computes_low_but_keeps_and_reduces_fp32(precision: str) -> None:
+    compute = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+    for seen in on_ranks(partial(inside_a_mixed_precision_step, precision), world_size=2):
+        assert seen == {
+            "matmul": [compute],  # every projection ran in the low precision
+            "weights": ["torch.float32"],  # fp32 master weights
+            "grads": ["torch.float32"],
+            "reduced": ["torch.float32"],  # gradients reduce-scattered in fp32
+        }
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -21,7 +22,7 @@ from service.migrate import upgrade_to_head
 from service.ray_runtime import RayRuntime
 from service.store import JobStore
 from service.users import UserDirectory
-from tests.support.databases import fresh_database, postgres_unavailable
+from tests.support.databases import fresh_database
 from tests.support.server import RunningServer, run_server
 from workers.actors import NAMESPACE
 from workers.worker_group import placement_group_name
@@ -70,8 +71,6 @@ def service(
 ) -> Callable[..., AbstractContextManager[Service]]:
     @contextmanager
     def make(database: str = "sqlite") -> Iterator[Service]:
-        if database == "postgresql" and (reason := postgres_unavailable()):
-            pytest.skip(reason)
         with fresh_database(database, tmp_path) as url:
             upgrade_to_head(url)
             db = Database(url)
@@ -103,3 +102,42 @@ def leftovers(address: str, job_id: str) -> dict[str, Any]:
         if g["name"] == placement_group_name(job_id) and g["state"] != "REMOVED"
     ]
     return {"actors": actors, "placement_groups": groups}
+
+
+def job_spec(name: str, **train: Any) -> dict[str, Any]:
+    """A small two-rank job that logs every step."""
+    return {
+        "name": name,
+        "model": {"preset": "tiny", "seq_len": 32},
+        "parallel": {"dp": 2, "zero_stage": 1},
+        "train": {
+            "steps": 8,
+            "global_batch_size": 4,
+            "micro_batch_size": 1,
+            "lr": 3e-3,
+            "log_every": 1,
+            "seed": 3,
+            **train,
+        },
+    }
+
+
+def wait_for(
+    client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(job_id)
+        if predicate(job):
+            return job
+        # No condition these tests wait for can still come true once the job has failed.
+        assert job["state"] != "FAILED", f"the job failed: {job['failure_reason']}"
+        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
+        time.sleep(0.3)
+
+
+def state_moves(client: Client, job_id: str) -> list[tuple[str, str]]:
+    """The job's state transitions as (from, to), oldest first."""
+    return [
+        (e["data"]["from"], e["data"]["to"]) for e in client.events(job_id) if e["kind"] == "state"
+    ]

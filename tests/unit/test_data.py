@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from workers.engine.corpus import synthetic_tokens, text_tokens
+from workers.engine.corpus import SYNTHETIC_RUN, synthetic_tokens, text_tokens
 from workers.engine.data import BatchLoader, build_loader
 from workers.engine.tokenizer import ByteTokenizer
 from workers.spec import JobSpec
@@ -55,11 +54,29 @@ def test_validation_rows_come_only_from_the_held_out_tail() -> None:
 
 
 def test_synthetic_tokens_follow_a_learnable_permutation() -> None:
-    tokens = synthetic_tokens(64, seed=0).astype(np.int64)
-    run = tokens[:256]
-    successor = dict(zip(run[:-1].tolist(), run[1:].tolist(), strict=True))
-    assert all(successor[a] == b for a, b in itertools.pairwise(run))
-    assert tokens.max() < 64
+    vocab = 64
+    runs = synthetic_tokens(vocab, seed=0).astype(np.int64).reshape(-1, SYNTHETIC_RUN)
+    before, after = runs[:, :-1].ravel(), runs[:, 1:].ravel()
+    successor = np.full(vocab, -1)
+    successor[before] = after
+    # One map for the whole stream: every token is always followed by the same token...
+    assert np.array_equal(successor[before], after)
+    # ... and that map is a permutation of the whole vocabulary that moves tokens.
+    assert sorted(successor.tolist()) == list(range(vocab))
+    assert int((successor != np.arange(vocab)).sum()) > vocab // 2
+    # Runs start at every id, so a model must learn the map, not memorise one sequence.
+    assert set(runs[:, 0].tolist()) == set(range(vocab))
+
+
+class CountingTokenizer(ByteTokenizer):
+    """Bytes, counting how much text it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.encoded_chars = 0
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded_chars += len(text)
+        return super().encode(text)
 
 
 def test_text_folder_is_read_recursively_and_cached(
@@ -71,11 +88,17 @@ def test_text_folder_is_read_recursively_and_cached(
     (corpus / "a.txt").write_text("héllo", encoding="utf-8")
     (corpus / "sub" / "b.md").write_text("world", encoding="utf-8")
     (corpus / "image.bin").write_bytes(b"\xff\xfe\x00\x81")  # not UTF-8: skipped
-    tokens = text_tokens(corpus, ByteTokenizer(), 256)
+    tokenizer = CountingTokenizer()
+    tokens = text_tokens(corpus, tokenizer, 256)
     assert bytes(tokens.tolist()) == "héllo\nworld\n".encode()
     cached = list((tmp_path / "cache" / "tokens").iterdir())
     assert len(cached) == 1 and cached[0].suffix == ".uint16"
-    assert np.array_equal(text_tokens(corpus, ByteTokenizer(), 256), tokens)
+    encoded = tokenizer.encoded_chars
+    # The second read maps the cached file and tokenizes nothing.
+    again = text_tokens(corpus, tokenizer, 256)
+    assert tokenizer.encoded_chars == encoded
+    assert isinstance(again, np.memmap) and Path(str(again.filename)) == cached[0]
+    assert np.array_equal(again, tokens)
 
 
 def test_token_bin_is_memory_mapped_and_ids_are_checked(tmp_path: Path) -> None:
@@ -95,6 +118,31 @@ def test_token_bin_is_memory_mapped_and_ids_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"out of range for model\.vocab_size=1000"):
         build_loader(small, 0, 1).train_batch(1)
+
+
+def test_token_bin_beyond_65536_ids_is_uint32(tmp_path: Path) -> None:
+    vocab = 100_000
+    ids = np.concatenate(
+        [np.arange(60_000, 65_000, dtype=np.uint32), np.arange(90_000, 95_000, dtype=np.uint32)]
+    )  # ids on both sides of 65,536
+    path = tmp_path / "data.bin"
+    ids.tofile(path)
+    spec = JobSpec.model_validate(
+        {
+            "name": "t",
+            "data": {"source": "tokens", "path": str(path)},
+            "model": {"vocab_size": vocab, "seq_len": 16},
+        }
+    )
+    tokens = build_loader(spec, 0, 1).tokens
+    assert tokens.dtype == np.uint32 and np.array_equal(tokens, ids)
+    # A file that is not whole uint32 ids is refused, naming the dtype the vocab selects.
+    (tmp_path / "odd.bin").write_bytes(ids.tobytes()[:-2])
+    odd = JobSpec.model_validate(
+        {**spec.model_dump(), "data": {"source": "tokens", "path": str(tmp_path / "odd.bin")}}
+    )
+    with pytest.raises(ValueError, match="not a whole number of uint32 ids"):
+        build_loader(odd, 0, 1)
 
 
 def test_too_little_data_is_a_clear_error() -> None:

@@ -22,6 +22,7 @@ class FakeWorkers:
     def __init__(self, polls: list[list[dict[str, Any]]]) -> None:
         self.polls = polls
         self.log: list[str] = []
+        self.polls_at: list[int] = []
 
     def reserve(self, timeout_s: float) -> list[str]:
         self.log.append("reserve")
@@ -31,6 +32,8 @@ class FakeWorkers:
         self.log.append("start")
 
     def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+        # Which start (1st, 2nd, ...) the workers being polled came from.
+        self.polls_at.append(self.log.count("start"))
         return self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
 
     def request_stop(self, save: bool = False) -> None:
@@ -109,13 +112,29 @@ def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
 
 def test_a_failed_rank_restarts_then_gives_up_after_max_failures(tmp_path: Path) -> None:
     boom = [status(0, "training", 1, [1]), status(1, "failed", 0, error="rank 1: boom")]
-    sup = make(tmp_path, FakeWorkers([boom]))
+    workers = FakeWorkers([boom])
+    sup = make(tmp_path, workers)
     assert sup.run() == JobState.FAILED
     assert states(sup.buffer) == ["RUNNING", "RESTARTING", "RUNNING", "FAILED"]
+    # Each failure tore the workers down; the retry started a fresh set; giving up freed them.
+    assert workers.log == ["reserve", "start", "kill", "reserve", "start", "kill", "release"]
     final = [e for e in sup.buffer.after(0) if e["kind"] == "state"][-1]
     assert "rank 1: boom" in final["reason"] and "max_failures=1" in final["reason"]
     # Step 1's metrics were sent before the restart and not again after it.
     assert [e["step"] for e in sup.buffer.after(0) if e["kind"] == "metrics"] == [1]
+
+
+def test_a_restarted_job_runs_on_fresh_workers_to_success(tmp_path: Path) -> None:
+    boom = [status(0, "training", 1, [1]), status(1, "failed", 0, error="rank 1: boom")]
+    done = [status(0, "done", 2, [2]), status(1, "done", 2)]
+    workers = FakeWorkers([boom, done])
+    sup = make(tmp_path, workers)
+    assert sup.run() == JobState.SUCCEEDED
+    assert states(sup.buffer) == ["RUNNING", "RESTARTING", "RUNNING", "SUCCEEDED"]
+    # The broken workers were killed before the new ones started, and polled only after.
+    assert workers.log == ["reserve", "start", "kill", "reserve", "start", "release"]
+    assert workers.polls_at == [1, 2]
+    assert sup.failures == 1
 
 
 def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
@@ -126,8 +145,10 @@ def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
             status(1, "training", 3, last_progress=stale),
         ]
     ]
-    sup = make(tmp_path, FakeWorkers(polls), hang_timeout_s=10, max_failures=0)
+    workers = FakeWorkers(polls)
+    sup = make(tmp_path, workers, hang_timeout_s=10, max_failures=0)
     assert sup.run() == JobState.FAILED
+    assert workers.log == ["reserve", "start", "kill", "release"]
     failure = next(
         e
         for e in sup.buffer.after(0)

@@ -1,0 +1,98 @@
+"""A worker that dies or hangs on real Ray is torn down, replaced, and the job still succeeds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import ray
+
+from api.client import Client
+from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
+from workers.actors import NAMESPACE, worker_name
+
+ServiceFactory = Callable[..., AbstractContextManager[Service]]
+
+STEPS = 30
+VICTIM = 1  # the rank whose process is broken
+
+
+def worker_pid(job_id: str, attempt: int, rank: int) -> int:
+    """The operating-system process of one rank's actor, asked of the actor itself."""
+    actor = ray.get_actor(worker_name(job_id, attempt, rank), namespace=NAMESPACE)
+    pid: Any = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60)
+    return int(pid)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def reaped(pid: int) -> Iterator[None]:
+    """Whatever the test asserts, leave no stopped or orphaned worker process behind."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def broken_then_done(
+    c: Client, svc: Service, job_id: str, break_worker: Callable[[int], None]
+) -> dict[str, Any]:
+    """Break rank VICTIM once the job trains; the finished job (asserted SUCCEEDED)."""
+    wait_for(c, job_id, lambda j: j["state"] == "RUNNING" and j["step"] >= 3, timeout=300)
+    pid = worker_pid(job_id, attempt=1, rank=VICTIM)
+    with reaped(pid):
+        break_worker(pid)
+        done = c.wait(job_id, timeout=600, poll_s=0.5)
+    assert done["state"] == "SUCCEEDED", done
+    assert done["restarts"] == 1, done
+    assert not alive(pid), "the broken worker's process is still there"
+    moves = state_moves(c, job_id)
+    assert moves == [
+        ("QUEUED", "STARTING"),
+        ("STARTING", "RUNNING"),
+        ("RUNNING", "RESTARTING"),
+        ("RESTARTING", "RUNNING"),
+        ("RUNNING", "SUCCEEDED"),
+    ]
+    # The new workers trained to the end, and no step was stored twice or skipped.
+    assert [m["step"] for m in c.metrics(job_id)] == list(range(1, STEPS + 1))
+    wait_for(c, job_id, lambda j: leftovers(svc.ray_address, j["id"])["actors"] == [], 60)
+    assert leftovers(svc.ray_address, job_id) == {"actors": [], "placement_groups": []}
+    return done
+
+
+def failure_messages(c: Client, job_id: str) -> list[str]:
+    return [
+        e["message"] for e in c.events(job_id) if e["kind"] == "event" and "failure" in e["message"]
+    ]
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_the_job_succeeds(
+    service: ServiceFactory,
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(job_spec("killed-worker", steps=STEPS))
+        broken_then_done(c, svc, job["id"], lambda pid: os.kill(pid, signal.SIGKILL))
+        (failure,) = failure_messages(c, job["id"])
+        assert f"rank {VICTIM}'s actor died" in failure, failure
+
+
+def test_a_frozen_worker_is_replaced_and_the_job_succeeds(service: ServiceFactory) -> None:
+    # SIGSTOP: the process is alive but neither trains nor answers, like a wedged host.
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(job_spec("frozen-worker", steps=STEPS))
+        broken_then_done(c, svc, job["id"], lambda pid: os.kill(pid, signal.SIGSTOP))
+        (failure,) = failure_messages(c, job["id"])
+        assert f"rank {VICTIM} did not answer a poll" in failure, failure
