@@ -4,15 +4,13 @@ uninterrupted `shardline train` of the same spec."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 
-from api.client import Client
-from tests.e2e.conftest import Service, leftovers
+from tests.e2e.conftest import Service, leftovers, wait_for
 from workers.engine.launch import train_local
 from workers.spec import JobSpec
 
@@ -37,26 +35,14 @@ BODY: dict[str, Any] = {
 }
 
 
-def wait_for(
-    client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
-    deadline = time.monotonic() + LIMIT_S
-    while True:
-        job = client.get(job_id)
-        if predicate(job):
-            return job
-        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
-        time.sleep(0.2)
-
-
 def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactory) -> None:
     reference: list[dict[str, Any]] = []
     train_local(JobSpec.model_validate(BODY), 4, on_metrics=reference.append)
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 3)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
         assert c.pause(job["id"])["state"] in ("PAUSING", "PAUSED")
-        paused = wait_for(c, job["id"], lambda j: j["state"] == "PAUSED")
+        paused = wait_for(c, job["id"], lambda j: j["state"] == "PAUSED", LIMIT_S)
         assert leftovers(svc.ray_address, job["id"]) == {"actors": [], "placement_groups": []}
         checkpoints = c.checkpoints(job["id"])
         assert len(checkpoints) == 1, checkpoints
@@ -66,7 +52,7 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=2,zero=1")
 
         assert c.resume(job["id"])["state"] == "QUEUED"
-        done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"))
+        done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"), LIMIT_S)
         assert done["state"] == "SUCCEEDED", done
         metrics = c.metrics(job["id"])
         events = [e["message"] for e in c.events(job["id"], after=0)]

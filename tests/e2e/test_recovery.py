@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from api.client import Client
-from tests.e2e.conftest import Service, leftovers
+from tests.e2e.conftest import Service, leftovers, wait_for
 from workers.actors import NAMESPACE, supervisor_name, worker_name
 from workers.engine.launch import train_local
 from workers.spec import JobSpec
@@ -49,18 +49,6 @@ def reference() -> list[dict[str, Any]]:
     return metrics
 
 
-def wait_for(
-    client: Client, job_id: str, predicate: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
-    deadline = time.monotonic() + LIMIT_S
-    while True:
-        job = client.get(job_id)
-        if predicate(job):
-            return job
-        assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
-        time.sleep(0.2)
-
-
 def actor_pid(address: str, name: str) -> int:
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
@@ -70,7 +58,9 @@ def actor_pid(address: str, name: str) -> int:
 
 
 def finished(c: Client, job_id: str) -> dict[str, Any]:
-    return wait_for(c, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))
+    return wait_for(
+        c, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), LIMIT_S
+    )
 
 
 def assert_trained_like(c: Client, job_id: str, reference: list[dict[str, Any]]) -> list[str]:
@@ -87,7 +77,7 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
 ) -> None:
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5, LIMIT_S)
         os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
@@ -108,12 +98,14 @@ def test_stopped_rank_is_found_within_the_hang_limit_and_recovers(
 ) -> None:
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5, LIMIT_S)
         pid = actor_pid(svc.ray_address, worker_name(job["id"], 1, 0))
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
-            wait_for(c, job["id"], lambda j: j["state"] == "RESTARTING" or j["restarts"] > 0)
+            wait_for(
+                c, job["id"], lambda j: j["state"] == "RESTARTING" or j["restarts"] > 0, LIMIT_S
+            )
             detected_s = time.monotonic() - stopped_at
         finally:
             os.kill(pid, signal.SIGCONT)  # if it was not killed; harmless if it was
@@ -130,7 +122,7 @@ def test_supervisor_killed_is_recreated_and_the_job_continues(
 ) -> None:
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 5)
+        wait_for(c, job["id"], lambda j: j["step"] >= 5, LIMIT_S)
         os.kill(actor_pid(svc.ray_address, supervisor_name(job["id"])), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
@@ -148,7 +140,7 @@ def test_past_max_failures_the_job_fails_naming_the_cause_and_holds_nothing(
     body = {**BODY, "fault_tolerance": {"max_failures": 0}}
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(body)
-        wait_for(c, job["id"], lambda j: j["step"] >= 3)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
         os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "FAILED" and done["restarts"] == 0, done
