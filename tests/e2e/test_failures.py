@@ -86,7 +86,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_job_succeeds(
         job = c.submit(job_spec("killed-worker", steps=STEPS))
         broken_then_done(c, svc, job["id"], lambda pid: os.kill(pid, signal.SIGKILL))
         (failure,) = failure_messages(c, job["id"])
-        assert f"rank {VICTIM}'s actor died" in failure, failure
+        assert f"rank {VICTIM}: its actor died" in failure, failure
 
 
 def test_a_frozen_worker_is_replaced_and_the_job_succeeds(service: ServiceFactory) -> None:
@@ -95,4 +95,4 @@ def test_a_frozen_worker_is_replaced_and_the_job_succeeds(service: ServiceFactor
         job = c.submit(job_spec("frozen-worker", steps=STEPS))
         broken_then_done(c, svc, job["id"], lambda pid: os.kill(pid, signal.SIGSTOP))
         (failure,) = failure_messages(c, job["id"])
-        assert f"rank {VICTIM} did not answer a poll" in failure, failure
+        assert f"rank {VICTIM}: did not answer a poll" in failure, failure
