@@ -4,6 +4,8 @@ reconciler loops, and the supervisors they start, read and remove."""
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from typing import Any
 
 import ray
@@ -120,12 +122,19 @@ class RayRuntime:
 
     def start(self) -> None:
         if not ray.is_initialized():
+            # ray.init replaces the SIGTERM handler (in C++ and in Python) with one that
+            # aborts the process; the server's own handler shuts down gracefully instead
+            # (what `docker stop`, systemd and Kubernetes rely on), so put it back.
+            in_main = threading.current_thread() is threading.main_thread()
+            previous = signal.getsignal(signal.SIGTERM) if in_main else None
             ray.init(
                 address=self.address,
                 namespace=NAMESPACE,
                 log_to_driver=False,
                 logging_level=logging.WARNING,
             )
+            if in_main and previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         log.info("connected to Ray at %s: %s", self.address, self._total())
         self.reconciler.start()
         self.scheduler.start()

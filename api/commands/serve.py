@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -22,6 +24,12 @@ def serve(
     SHARDLINE_RAY_NUM_CPUS) that outlives restarts of this command while jobs run.
     """
     import uvicorn
+
+    # SIGTERM (docker stop, systemd, Kubernetes) and SIGINT end `serve` like a normal
+    # return: uvicorn drains requests with its own handlers, then re-raises the signal to
+    # the handler it found, which is this one, so the clean-up below still runs.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGINT, _exit_cleanly)
 
     from api.app import create_app
     from service.config import Settings
@@ -75,3 +83,8 @@ def serve(
                 "job(s); `shardline serve` re-attaches to it."
             )
         db.dispose()
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    log.info("stopping on signal %d", signum)
+    raise SystemExit(0)

@@ -99,3 +99,16 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers).status_code == 200
         out = stop(second)
         assert "shl_" not in out and token_file.read_text().strip() == token
+
+
+def test_sigterm_stops_serve_cleanly_and_takes_its_idle_ray_head_down(tmp_path: Path) -> None:
+    """What `docker stop`, systemd and Kubernetes send: a clean exit, not a traceback."""
+    port = free_port()
+    with serving(tmp_path, port) as proc:
+        head = find_local_ray(tmp_path / ".shardline")
+        assert head is not None
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out, out
+        assert find_local_ray(tmp_path / ".shardline") is None and head_is_gone(head)
