@@ -35,8 +35,8 @@ def demo(
         if summary is not None:
             typer.echo(json.dumps(summary, sort_keys=True))
         console.print(
-            f"Job status: {svc.url}/v1/jobs/{final['id']} (API; the web status page "
-            "is not built yet). Stopping the service ..."
+            f"Job page: {svc.url}/#/jobs/{final['id']} (the status page; API: "
+            f"{svc.url}/v1/jobs/{final['id']}). Stopping the service ..."
         )
     if final["state"] != "SUCCEEDED":
         raise fail([f"job ended {final['state']}: {final.get('failure_reason')}"], code=1)
