@@ -199,13 +199,8 @@ class TrainingWorker:
 
         if self.checkpoints is None:
             return None
-        ck = self.spec.checkpoint
-        return CheckpointPlan(
-            save_url=self.checkpoints.save_dir,
-            every_steps=ck.every_steps,
-            keep_last=ck.keep_last,
-            async_save=ck.async_save,
-            restore_from=self.checkpoints.restore_from,
+        return CheckpointPlan.for_spec(
+            self.spec.checkpoint, self.checkpoints.save_dir, self.checkpoints.restore_from
         )
 
     def _should_stop(self) -> bool:

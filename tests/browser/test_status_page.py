@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from playwright.sync_api import Browser, Page, expect
 
 from api.client import Client
 from service.config import Settings
 from service.db import Database
-from service.local_ray import LocalRay, start_local_ray
+from service.local_ray import LocalRay
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.browser.conftest import DESKTOP, PHONE, Sandboxed, open_sandboxed
-from tests.e2e.conftest import CLUSTER_CPUS, Service, service  # noqa: F401  (fixture)
+from tests.e2e.conftest import Service, service  # noqa: F401  (fixture)
+from tests.support.ray_head import running_ray_head
 from tests.support.server import run_server
 from workers.net import free_port
 
@@ -32,13 +32,8 @@ ServiceFactory = Callable[..., AbstractContextManager[Service]]
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
     """This module's own head, stopped after it: the e2e tier's lives for the session."""
-    head = start_local_ray(tmp_path_factory.mktemp("ray-state"), CLUSTER_CPUS)
-    try:
+    with running_ray_head(tmp_path_factory.mktemp("ray-state")) as head:
         yield head
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        head.stop()
 
 
 def long_job(name: str) -> dict[str, Any]:

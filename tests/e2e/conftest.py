@@ -17,30 +17,22 @@ from ray.util.placement_group import placement_group_table
 from api.client import Client
 from service.config import Settings
 from service.db import Database
-from service.local_ray import LocalRay, start_local_ray
+from service.local_ray import LocalRay
 from service.migrate import upgrade_to_head
 from service.ray_runtime import RayRuntime
 from service.store import JobStore
 from service.users import UserDirectory
 from tests.support.databases import fresh_database
+from tests.support.ray_head import running_ray_head
 from tests.support.server import RunningServer, run_server
 from workers.actors import NAMESPACE
 from workers.worker_group import placement_group_name
 
-# Logical CPUs: an 8-rank CPU job fits a 2-core machine.
-CLUSTER_CPUS = 8
-
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRay]:
-    head = start_local_ray(tmp_path_factory.mktemp("ray-state"), CLUSTER_CPUS)
-    head.use_auth()  # this process's ray.init (tests look at what Ray holds) needs it
-    try:
+    with running_ray_head(tmp_path_factory.mktemp("ray-state")) as head:
         yield head
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        head.stop()
 
 
 @dataclass

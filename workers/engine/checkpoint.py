@@ -27,6 +27,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
 from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint, RestoreSource
+from workers.spec import CheckpointSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,19 @@ class CheckpointPlan:
     # The run's own folder comes first, so a restarted or resumed job continues from its
     # own latest checkpoint; the first source that has one wins.
     restore_from: list[RestoreSource] = field(default_factory=list)
+
+    @classmethod
+    def for_spec(
+        cls, spec: CheckpointSpec, save_url: str | None, restore_from: list[RestoreSource]
+    ) -> CheckpointPlan:
+        """The plan for a job's `checkpoint` section, saving into `save_url`."""
+        return cls(
+            save_url=save_url,
+            every_steps=spec.every_steps,
+            keep_last=spec.keep_last,
+            async_save=spec.async_save,
+            restore_from=restore_from,
+        )
 
 
 def _writer(store: CheckpointStore, path: str) -> Any:

@@ -43,14 +43,8 @@ def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
     """The engine's CheckpointPlan for a local run (imports torch: call in a rank)."""
     from workers.engine.checkpoint import CheckpointPlan
 
-    ck = spec.checkpoint
-    return CheckpointPlan(
-        save_url=local.folder,
-        every_steps=ck.every_steps,
-        keep_last=ck.keep_last,
-        async_save=ck.async_save,
-        restore_from=[RestoreSource(local.folder)] if local.folder and local.resume else [],
-    )
+    restore = [RestoreSource(local.folder)] if local.folder and local.resume else []
+    return CheckpointPlan.for_spec(spec.checkpoint, local.folder, restore)
 
 
 def run_rank(
