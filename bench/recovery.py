@@ -74,7 +74,7 @@ def kill_supervisor(state_dir: Path, job_id: str) -> None:
     if not ray.is_initialized():
         ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
     actor = ray.get_actor(supervisor_name(job_id), namespace=NAMESPACE)
-    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    pid: Any = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     os.kill(int(pid), signal.SIGKILL)
 
 

@@ -61,6 +61,17 @@ class Recovery:
         return message, data
 
 
+# How workers/worker_group.py describes a rank whose process is gone or does not answer.
+_LOST_RANK = ("its actor died", "did not answer a poll")
+
+
+def first_failed_ranks(failed: list[dict[str, Any]]) -> list[int]:
+    """The ranks that failed first: those whose process died or stopped answering, when
+    there are such; their peers' collective errors ("connection reset") only follow."""
+    lost = [s["rank"] for s in failed if str(s.get("error") or "").startswith(_LOST_RANK)]
+    return lost or [s["rank"] for s in failed]
+
+
 def stalled_for(statuses: list[dict[str, Any]], ranks: list[int]) -> float:
     """How long ago the longest-stalled of `ranks` last made progress (0 if none did)."""
     now = time.time()

@@ -20,7 +20,7 @@ from workers.faults import FaultKind
 from workers.lifecycle import TERMINAL, JobState
 from workers.nonfinite_policy import NonFinitePolicy
 from workers.progress import EntryKind, ProgressBuffer
-from workers.recovery import Recovery, stalled_for
+from workers.recovery import Recovery, first_failed_ranks, stalled_for
 from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
 from workers.storage import JobStorage
@@ -248,7 +248,7 @@ class JobSupervisor:
             return self._on_failure(
                 "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
                 deterministic=any(s.get("deterministic") for s in failed),
-                ranks=[s["rank"] for s in failed],
+                ranks=first_failed_ranks(failed),
             )
         hung = self._hung_ranks(statuses)
         if hung:

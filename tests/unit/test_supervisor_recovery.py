@@ -226,3 +226,16 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     sup.cancel()
     with pytest.raises(FaultRefused):
         sup.inject_fault("kill", 0)
+
+
+def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Path) -> None:
+    dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError")
+    broken = status(0, WorkerPhase.FAILED, 4, error="RuntimeError: Connection reset by peer")
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    workers = ScriptedWorkers([[[broken, dead]], [TRAINING, done]])
+    sup = make(tmp_path, workers, max_failures=1)
+    sup.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
+    assert "Connection reset" in rec["cause"] and "its actor died" in rec["cause"]
