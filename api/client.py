@@ -34,6 +34,10 @@ class Unauthorized(ShardlineError):
     pass
 
 
+class Forbidden(ShardlineError):
+    pass
+
+
 class NotFound(ShardlineError):
     pass
 
@@ -52,6 +56,7 @@ class WaitTimeout(TimeoutError):
 
 _BY_STATUS: dict[int, type[ShardlineError]] = {
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     400: InvalidRequest,
@@ -131,6 +136,10 @@ class Client:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def inject_fault(self, job_id: str, kind: str, rank: int = 0) -> dict[str, Any]:
+        """Admins: make one rank of a running job fail (kill, hang, raise, nan)."""
+        return self._call("POST", f"/v1/jobs/{job_id}/faults", json={"kind": kind, "rank": rank})
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Checkpoint the job and free its workers (PAUSING, then PAUSED)."""

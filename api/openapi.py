@@ -14,6 +14,7 @@ from workers.spec import JobSpec
 _WHY = {
     400: "The body is not UTF-8 JSON, or is nested too deeply",
     401: "Missing, invalid or revoked bearer token",
+    403: "Only administrators may do this",
     404: "No such job, or another user's job",
     409: "Conflicts with the job's state, or an Idempotency-Key used for another spec",
     413: "The request body is larger than the server allows",

@@ -64,6 +64,11 @@ class JobPublic(_Times):
     step: int
     steps: int
     restarts: int
+    # What recoveries cost: steps trained again, seconds lost, and goodput (the share of
+    # the wall time since the job started that went into training it kept).
+    steps_lost: int
+    seconds_lost: float
+    goodput: float | None
     failure_reason: str | None
     queue_reason: str | None
     latest_metrics: dict[str, Any] | None
@@ -85,6 +90,9 @@ class JobPublic(_Times):
             step=job.current_step,
             steps=_steps(job.spec),
             restarts=job.restarts,
+            steps_lost=job.steps_lost,
+            seconds_lost=job.seconds_lost,
+            goodput=goodput(job),
             failure_reason=job.failure_reason,
             queue_reason=job.queue_reason,
             latest_metrics=json_safe(job.latest_metrics),
@@ -92,6 +100,18 @@ class JobPublic(_Times):
             version=job.version,
             spec=json_safe(job.spec),
         )
+
+
+def goodput(job: Job) -> float | None:
+    """Productive time over wall time since the job started (until it ended): the wall
+    time less the seconds recoveries lost. None before the job has started."""
+    started = _utc(job.started_at)
+    if started is None:
+        return None
+    wall = ((_utc(job.finished_at) or datetime.now(UTC)) - started).total_seconds()
+    if wall <= 0:
+        return None
+    return min(max((wall - job.seconds_lost) / wall, 0.0), 1.0)
 
 
 class JobsPublic(BaseModel):

@@ -98,6 +98,10 @@ class Job(Base):
     # The last entry of the supervisor's progress buffer written here; the reconciler
     # resumes after it, so a control-plane restart neither repeats nor skips an entry.
     reconciled_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # What recoveries cost (added up from their events): steps trained again, and the
+    # seconds from each failure until training was back where it had been.
+    steps_lost: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    seconds_lost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     # Always loaded with the job: every response names its owner.
     owner: Mapped[User] = relationship(lazy="selectin")

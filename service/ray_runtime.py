@@ -13,7 +13,7 @@ import ray
 from service.config import Settings
 from service.models import Job
 from service.reconciler import Reconciler
-from service.runtime import ClusterInfo
+from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import (
     RESOURCE_NAMES,
     Scheduler,
@@ -24,6 +24,7 @@ from service.scheduler import (
 from service.store import JobStore
 from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
 from workers.engine.data_access import DataAccess
+from workers.lifecycle import JobState
 from workers.spec import JobSpec
 from workers.worker_group import bundle_resources
 
@@ -72,6 +73,8 @@ class RaySupervisors:
                 self.storage_root,
                 # What the database holds: a replacement supervisor replays the rest.
                 recorded_step=job.current_step,
+                # A job RESTARTING with no supervisor lost it: the new one times the recovery.
+                recovering=job.state == JobState.RESTARTING,
             )
         ray.get(handle.start.remote(), timeout=60)
 
@@ -96,6 +99,19 @@ class RaySupervisors:
         handle = self._handle(job_id)
         if handle is not None:
             handle.pause.remote()
+
+    def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        handle = self._handle(job_id)
+        if handle is None:
+            raise FaultNotDelivered(f"job {job_id} has no supervisor running")
+        try:
+            ray.get(handle.inject_fault.remote(kind, rank), timeout=CALL_TIMEOUT_S * 4)
+        except ray.exceptions.RayTaskError as err:  # refused there (not RUNNING, ...)
+            raise FaultNotDelivered(str(err.cause if err.cause else err)) from None
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
+            raise FaultNotDelivered(
+                f"job {job_id}'s supervisor did not take the fault ({type(err).__name__})"
+            ) from None
 
     def remove(self, job_id: str) -> None:
         """Kill the supervisor (its workers and placement group are already gone)."""
@@ -144,6 +160,9 @@ class RayRuntime:
         self.reconciler.stop()
         # Supervisors are detached: they keep training while the control plane is away.
         ray.shutdown()
+
+    def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        self.supervisors.inject_fault(job_id, kind, rank)
 
     def _launch(self, job: Job) -> None:
         self.supervisors.launch(job)

@@ -18,6 +18,10 @@ class ClusterInfo:
     available: dict[str, float] = field(default_factory=dict)
 
 
+class FaultNotDelivered(RuntimeError):
+    """A chaos-test fault could not reach the job (not running there); the API says 409."""
+
+
 class Runtime(Protocol):
     def cluster(self) -> ClusterInfo: ...
 
@@ -28,6 +32,10 @@ class Runtime(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        """Have one rank of a running job fail as `kind` says (workers/faults.py)."""
+        ...
 
 
 class NoRuntime:
@@ -49,3 +57,6 @@ class NoRuntime:
 
     def stop(self) -> None:
         return None
+
+    def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        raise FaultNotDelivered("no runtime is attached to this server: no job runs")

@@ -23,6 +23,7 @@ from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, User, utcnow
 from workers.lifecycle import ACTIVE, JobState, is_legal
 from workers.progress import EntryKind
+from workers.recovery import RECOVERY_EVENT
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -336,6 +337,7 @@ class JobStore:
             )
             latest: dict[str, Any] | None = None
             latest_checkpoint: str | None = None
+            steps_lost, seconds_lost = 0, 0.0
             for e in entries:
                 if e["kind"] == EntryKind.METRICS and e["step"] not in have:
                     s.add(JobMetric(job_id=job_id, step=e["step"], values=e["values"]))
@@ -343,6 +345,10 @@ class JobStore:
                     latest = e["values"]
                 elif e["kind"] == EntryKind.EVENT:
                     s.add(_event(job_id, "event", e["message"], e.get("data")))
+                    data = e.get("data") or {}
+                    if data.get("kind") == RECOVERY_EVENT:  # counted with its seq: once
+                        steps_lost += int(data["steps_lost"])
+                        seconds_lost += float(data["seconds_lost"])
                 elif e["kind"] == EntryKind.SUMMARY:
                     s.add(_event(job_id, "summary", "training summary", e.get("summary")))
                 elif e["kind"] == EntryKind.CHECKPOINT:
@@ -352,6 +358,11 @@ class JobStore:
                 values.update(latest_metrics=latest, current_step=latest["step"])
             if latest_checkpoint is not None:
                 values["latest_checkpoint"] = latest_checkpoint
+            if steps_lost or seconds_lost:
+                values.update(
+                    steps_lost=Job.steps_lost + steps_lost,
+                    seconds_lost=Job.seconds_lost + seconds_lost,
+                )
             result = s.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.reconciled_seq == after_seq)

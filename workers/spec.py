@@ -227,6 +227,9 @@ class ResumeFromSpec(_Strict):
 class FaultToleranceSpec(_Strict):
     max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
     hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
+    # A step whose loss is not finite rolls back to the newest snapshot and skips that
+    # step's batch, at most this many times in the job's life (0: fail at once).
+    max_nonfinite_skips: Annotated[int, Field(ge=0, le=1000)] = 3
 
 
 class ResourcesSpec(_Strict):

@@ -12,13 +12,16 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.checkpoint_store import RestoreSource
 from workers.failure_policy import FailurePolicy
+from workers.faults import FaultKind
 from workers.lifecycle import TERMINAL, JobState
+from workers.nonfinite_policy import NonFinitePolicy
 from workers.progress import EntryKind, ProgressBuffer
+from workers.recovery import Recovery, first_failed_ranks, stalled_for
+from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 from workers.worker import FINISHED, CheckpointTargets, WorkerPhase
@@ -30,13 +33,6 @@ POLL_TIMEOUT_S = 30.0
 RESERVE_TIMEOUT_S = 600.0
 JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
-
-
-@dataclass
-class Recovery:
-    failed_at: float  # time.monotonic() when the failure was seen
-    front_step: int  # the furthest step reached before it
-    restored_step: int = 0  # the checkpoint the new workers started from (0: none)
 
 
 # A pause waits for the checkpoint to be written; give it time.
@@ -52,6 +48,11 @@ class Workers(Protocol):
     def request_stop(self, save: bool = False) -> None: ...
     def kill_workers(self) -> None: ...
     def release(self) -> None: ...
+    def inject_fault(self, rank: int, kind: str) -> None: ...
+
+
+class FaultRefused(RuntimeError):
+    """A fault cannot be injected now (the job is not running); the API answers 409."""
 
 
 class JobSupervisor:
@@ -62,6 +63,7 @@ class JobSupervisor:
         storage_root: str,
         workers: Workers | None = None,
         recorded_step: int | None = None,
+        recovering: bool = False,
     ) -> None:
         self.job_id = job_id
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -87,6 +89,18 @@ class JobSupervisor:
         self.reported_step = recorded_step or 0
         self._front_step = 0  # the furthest step any rank reported
         self._recovery: Recovery | None = None  # from a failure to the next new step
+        if recovering:  # this supervisor replaces a lost one
+            self._recovery = Recovery(
+                time.monotonic(), self.reported_step, cause="the supervisor was lost"
+            )
+        self.nonfinite = NonFinitePolicy(
+            self.spec.fault_tolerance.max_nonfinite_skips,
+            SkippedBatches(str(self.storage.checkpoints_dir)),
+        )
+        self._nodes: list[str] = []  # each rank's node, as placed
+        self._step_time_s: float | None = None  # the latest logged step time
+        self._injected: str | None = None  # a fault injected since the last recovery
+        self._wake = threading.Event()  # cuts a backoff short for a cancel or a pause
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,10 +127,21 @@ class JobSupervisor:
 
     def cancel(self) -> None:
         self._cancel.set()
+        self._wake.set()
 
     def pause(self) -> None:
         """Checkpoint, free the workers and the placement group, end PAUSED."""
         self._pause.set()
+        self._wake.set()
+
+    def inject_fault(self, kind: str, rank: int) -> None:
+        """Chaos testing: have rank `rank` fail the way `kind` says (workers/faults.py)."""
+        fault = FaultKind(kind)
+        if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
+            raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
+        self.workers.inject_fault(rank, fault.value)
+        self._injected = f"{fault.value} on rank {rank}"
+        self._event(f"fault injected: {self._injected}", fault=fault.value, rank=rank)
 
     # -- the state machine -------------------------------------------------------------
 
@@ -158,6 +183,7 @@ class JobSupervisor:
     def _launch(self, verb: str) -> JobState:
         self._replay_logged_metrics()
         nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
+        self._nodes = nodes
         self._event(
             f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
             nodes=sorted(set(nodes)),
@@ -191,6 +217,7 @@ class JobSupervisor:
                     self._recovery.restored_step = event["data"]["step"]
                 self._event(event["message"], **event["data"])
             for m in status["metrics"]:
+                self._step_time_s = m.get("step_time_s", self._step_time_s)
                 if m["step"] > self.reported_step:
                     self.buffer.append(EntryKind.METRICS, step=m["step"], values=m)
                     self.reported_step = m["step"]
@@ -206,15 +233,8 @@ class JobSupervisor:
             s["phase"] == WorkerPhase.TRAINING and s["step"] > rec.restored_step for s in statuses
         ):
             return
-        seconds = time.monotonic() - rec.failed_at
-        lost = max(rec.front_step - rec.restored_step, 0)
-        self._event(
-            f"recovered in {seconds:.1f}s: failed near step {rec.front_step}, resumed after "
-            f"step {rec.restored_step}, {lost} step(s) trained again",
-            mttr_s=seconds,
-            steps_lost=lost,
-            restored_step=rec.restored_step,
-        )
+        message, data = rec.closing_event(self._step_time_s)
+        self._event(message, **data)
         self._recovery = None
 
     def _watch(self) -> JobState:
@@ -222,15 +242,26 @@ class JobSupervisor:
         statuses = self.workers.poll(min(POLL_TIMEOUT_S, self.spec.fault_tolerance.hang_timeout_s))
         self._collect(statuses)
         failed = [s for s in statuses if s["phase"] == WorkerPhase.FAILED]
+        if failed and all(s.get("nonfinite") for s in failed):
+            return self._on_nonfinite(failed)
         if failed:
             return self._on_failure(
                 "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
                 deterministic=any(s.get("deterministic") for s in failed),
+                ranks=first_failed_ranks(failed),
             )
         hung = self._hung_ranks(statuses)
         if hung:
             limit = self.spec.fault_tolerance.hang_timeout_s
-            return self._on_failure(f"no progress for {limit:.0f}s on rank(s) {hung}")
+            at = {s["rank"]: s["step"] for s in statuses}
+            behind = ", ".join(f"rank {r} at step {at[r]}" for r in hung)
+            return self._on_failure(
+                f"no progress for {limit:.0f}s on rank(s) {hung} ({behind}; the front at "
+                f"step {max(at.values())})",
+                ranks=hung,
+                rank_steps=at,
+                stalled_s=stalled_for(statuses, hung),
+            )
         if all(s["phase"] == WorkerPhase.DONE for s in statuses):
             summary = next((s["summary"] for s in statuses if s["summary"]), None)
             self.buffer.append(EntryKind.SUMMARY, summary=summary)
@@ -257,19 +288,57 @@ class JobSupervisor:
             return behind or hung  # name the ranks that were behind where there are some
         return []
 
-    def _on_failure(self, error: str, *, deterministic: bool = False) -> JobState:
+    def _on_failure(
+        self,
+        error: str,
+        *,
+        deterministic: bool = False,
+        ranks: list[int] | None = None,
+        rank_steps: dict[int, int] | None = None,
+        stalled_s: float = 0.0,
+    ) -> JobState:
         self.failures += 1
         decision = self.policy.decide(self.failures, error, deterministic=deterministic)
         self._event(f"failure: {decision.reason}", retry=decision.retry)
         self.workers.kill_workers()
         self._reason = decision.reason
-        self._recovery = Recovery(time.monotonic(), self._front_step)
+        self._recovery = self._open_recovery(error, ranks or [], stalled_s)
+        self._recovery.rank_steps = rank_steps
         if not decision.retry:
             self.workers.release()
             return JobState.FAILED
         # The new workers restore the newest committed checkpoint (metrics already sent
-        # are not sent twice).
-        time.sleep(decision.backoff_s)
+        # are not sent twice). A cancel or pause cuts the wait short.
+        self._wake.wait(decision.backoff_s)
+        return JobState.RESTARTING
+
+    def _open_recovery(self, cause: str, ranks: list[int], stalled_s: float = 0.0) -> Recovery:
+        nodes = sorted({self._nodes[r] for r in ranks if r < len(self._nodes)})
+        recovery = Recovery(time.monotonic() - stalled_s, self._front_step, cause, ranks, nodes)
+        recovery.injected, self._injected = self._injected, None
+        return recovery
+
+    def _on_nonfinite(self, failed: list[dict[str, Any]]) -> JobState:
+        """Roll back to the newest snapshot and skip the batch, or fail (the policy says
+        which). Not a failure of the infrastructure: it counts against
+        max_nonfinite_skips, not max_failures, and nothing waits."""
+        bad = failed[0]["nonfinite"]
+        decision = self.nonfinite.decide(bad["step"], bad["batch"], bad["loss"])
+        self._event(
+            f"non-finite loss: {decision.reason}",
+            step=bad["step"],
+            batch=bad["batch"],
+            skipped=decision.skip,
+        )
+        self.workers.kill_workers()
+        self._reason = decision.reason
+        if not decision.skip:
+            self.workers.release()
+            return JobState.FAILED
+        self._recovery = self._open_recovery(
+            f"a non-finite loss at step {bad['step']}", [s["rank"] for s in failed]
+        )
+        self._recovery.skipped = {"step": bad["step"], "batch": bad["batch"]}
         return JobState.RESTARTING
 
     def _stop_workers(self, *, save: bool, grace_s: float) -> list[dict[str, Any]]:

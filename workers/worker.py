@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.checkpoint_store import RestoreSource
+from workers.faults import ArmedFaults, FaultKind
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class WorkerStatus:
     events: list[dict[str, Any]] = field(default_factory=list)  # {"message", "data"}
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # committed ones
     summary: dict[str, Any] | None = None
+    # The step whose loss was not finite: {"step", "batch", "loss"} (the error says so too).
+    nonfinite: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +123,9 @@ class TrainingWorker:
         self._events: list[dict[str, Any]] = []
         self._commits: list[dict[str, Any]] = []
         self._summary: dict[str, Any] | None = None
+        self._nonfinite: dict[str, Any] | None = None
+        self._faults = ArmedFaults()
+        self._trainer: Any = None
         self._thread: threading.Thread | None = None
         import torch
 
@@ -149,6 +155,7 @@ class TrainingWorker:
 
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
         from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
+        from workers.engine.nonfinite import NonFiniteLoss
         from workers.engine.trainer import Trainer
 
         building = True
@@ -168,11 +175,13 @@ class TrainingWorker:
                 device=device,
                 on_metrics=self._on_metrics,
                 on_step=self._on_step,
+                grad_hook=self._faults.during_step,
                 checkpoints=self._plan(),
                 on_event=self._on_event,
                 on_checkpoint=self._on_checkpoint,
             )
             building = False
+            self._trainer = trainer
             with self._lock:
                 self._phase = WorkerPhase.TRAINING
                 self._step = trainer.step
@@ -191,6 +200,8 @@ class TrainingWorker:
             with self._lock:
                 self._error = f"{type(err).__name__}: {err}"
                 self._deterministic = is_deterministic(err, while_building=building)
+                if isinstance(err, NonFiniteLoss):
+                    self._nonfinite = {"step": err.step, "batch": err.batch, "loss": err.loss}
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
 
@@ -217,6 +228,8 @@ class TrainingWorker:
             self._commits.append(commit)
 
     def _on_step(self, step: int) -> None:
+        if self._trainer is not None:  # a hang fault stops here: the step never counts
+            self._faults.before_step_done(self._trainer.parts.parameters)
         with self._lock:
             self._step = step
             self._last_progress = time.time()
@@ -246,9 +259,14 @@ class TrainingWorker:
                 self._events,
                 self._commits,
                 self._summary,
+                self._nonfinite,
             )
             self._unsent, self._events, self._commits = [], [], []
         return status.as_dict()
+
+    def inject_fault(self, kind: str) -> None:
+        """Chaos testing (admins, through the supervisor): see workers/faults.py."""
+        self._faults.inject(FaultKind(kind))
 
     def stop(self, save: bool = False) -> None:
         """Finish the current step, then stop (after a checkpoint if `save`)."""

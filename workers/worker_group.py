@@ -143,6 +143,12 @@ class WorkerGroup:
                 statuses.append(dead_status(rank, f"its actor died: {type(err).__name__}"))
         return statuses
 
+    def inject_fault(self, rank: int, kind: str) -> None:
+        """Deliver a chaos-test fault to one rank (it answers before a `kill` takes it)."""
+        if not 0 <= rank < len(self.actors):
+            raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
+        ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
+
     def request_stop(self, save: bool = False) -> None:
         for a in self.actors:
             a.stop.remote(save)

@@ -45,6 +45,9 @@ class FakeWorkers:
     def release(self) -> None:
         self.log.append("release")
 
+    def inject_fault(self, rank: int, kind: str) -> None:
+        self.log.append(f"fault {kind} {rank}")
+
 
 def status(
     rank: int,

@@ -74,6 +74,9 @@ class PausableWorkers:
     def release(self) -> None:
         self.calls.append("release")
 
+    def inject_fault(self, rank: int, kind: str) -> None:
+        self.calls.append(f"fault {kind} {rank}")
+
 
 def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)

@@ -18,6 +18,7 @@ import torch
 from workers.engine.corpus import bin_tokens, synthetic_tokens, text_tokens
 from workers.engine.data_access import DataAccess
 from workers.engine.tokenizer import load_tokenizer
+from workers.skipped_batches import batch_index
 from workers.spec import DataSource, JobSpec
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class BatchLoader:
     seed: int
     val_fraction: float
     vocab_size: int
+    # Batches skipped after a non-finite loss (workers/skipped_batches.py).
+    skipped_batches: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         window = self.seq_len + 1
@@ -91,9 +94,13 @@ class BatchLoader:
             )
         return torch.from_numpy(rows)
 
+    def batch_of(self, step: int) -> int:
+        """The batch index step `step` trains (`step` itself unless batches were skipped)."""
+        return batch_index(step, self.skipped_batches)
+
     def train_batch(self, step: int) -> torch.Tensor:
         """This rank's rows of the global batch of `step`: (rows, seq_len + 1) token ids."""
-        return self._rows(self.train_tokens, [self.seed, step])
+        return self._rows(self.train_tokens, [self.seed, self.batch_of(step)])
 
     def val_batches(self) -> list[torch.Tensor]:
         """The fixed held-out batches, this rank's rows of each."""

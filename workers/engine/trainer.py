@@ -29,6 +29,7 @@ from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
 from workers.engine.loss import cross_entropy, loss_context
+from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.optimizer import Optimizers
 from workers.engine.parallel import ParallelDims
 from workers.engine.parts import build_model_parts
@@ -41,6 +42,7 @@ from workers.engine.train_state import (
     small_state,
     tensor_state,
 )
+from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec, Precision
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ class Trainer:
         self.layout = f"{self.dims.describe()},{spec.precision.value}"
         self.on_event = on_event or (lambda message, data: log.info("%s", message))
         self.plan = checkpoints or CheckpointPlan()
+        if self.plan.save_url:  # batches this job skipped after a non-finite loss
+            self.loader.skipped_batches = tuple(SkippedBatches(self.plan.save_url).batches())
         self.checkpointer: Checkpointer | None = None
         self.restored: CommittedCheckpoint | None = None
         if self.plan.save_url or self.plan.restore_from:
@@ -231,6 +235,8 @@ class Trainer:
         memory = self._max_over_world(memory_held(params, self.optimizers)) if logged else None
         self.optimizers.zero_grad(set_to_none=True)
         loss_value = self._global_mean(local_loss)
+        if not math.isfinite(loss_value):  # the same value on every rank: all raise
+            raise NonFiniteLoss(step, loss_value, self.loader.batch_of(step))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - start

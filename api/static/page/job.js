@@ -72,6 +72,11 @@ export class JobPage {
       ["Age", age(job.created_at)], ["Started", when(job.started_at)],
       ["Finished", when(job.finished_at)],
     ];
+    if (job.restarts > 0) {
+      // What recoveries cost: steps trained again, seconds lost, share of time kept.
+      rows.push(["Steps lost", job.steps_lost], ["Seconds lost", fmt(job.seconds_lost, 1)]);
+      rows.push(["Goodput", job.goodput === null ? "–" : `${(job.goodput * 100).toFixed(1)}%`]);
+    }
     if (job.queue_reason && job.state === "QUEUED") rows.push(["Waiting for", job.queue_reason]);
     if (job.failure_reason) rows.push(["Failure", job.failure_reason]);
     $("job-summary").replaceChildren(
@@ -88,7 +93,8 @@ export class JobPage {
       const what = moved ? `${event.data.from} → ${event.data.to}: ${event.message}` : event.message;
       const time = el("time", { datetime: event.time, text: event.time.slice(11, 19) });
       $("timeline").append(el("li", { class: `kind-${event.kind}` }, time, what));
-      if (moved && event.data.to === "RESTARTING") {
+      const recovered = event.data && event.data.kind === "recovery";
+      if ((moved && event.data.to === "RESTARTING") || recovered) {
         $("restarts").append(el("li", {}, time.cloneNode(true), event.message));
         $("no-restarts").hidden = true;
       }

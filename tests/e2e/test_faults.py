@@ -1,0 +1,155 @@
+"""Faults injected through the API (admins only) on a real local Ray cluster: each kind
+recovers to SUCCEEDED with every step's metrics recorded exactly once, and the job shows
+what the recovery cost. A non-finite loss rolls back and skips its batch, and the run
+then equals an uninterrupted one that skips the same batch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.client import Client, Forbidden
+from service.db import Database
+from service.users import UserDirectory
+from tests.e2e.conftest import Service, wait_for
+from tests.support.server import RunningServer
+from workers.engine.launch import LocalCheckpoints, train_local
+from workers.skipped_batches import SkippedBatches
+from workers.spec import JobSpec
+
+ServiceFactory = Callable[..., AbstractContextManager[Service]]
+STEPS = 24
+LIMIT_S = 300.0  # generous: a loaded 2-core machine is slow
+
+BODY: dict[str, Any] = {
+    "name": "e2e-faults",
+    "model": {"preset": "tiny", "seq_len": 32},
+    "parallel": {"dp": 2, "zero_stage": 2},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "lr": 3e-3,
+        "log_every": 1,
+        "seed": 13,
+    },
+    "checkpoint": {"every_steps": 2},
+    "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8, "max_nonfinite_skips": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict[str, Any]]:
+    metrics: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(BODY), 2, on_metrics=metrics.append)
+    return metrics
+
+
+def admin_client(svc: Service, server: RunningServer) -> Client:
+    db = Database(svc.database_url)
+    users = UserDirectory(db)
+    admin = users.ensure_user(f"admin-{uuid.uuid4().hex[:6]}", admin=True)
+    token = users.issue_token(admin, "chaos").token
+    db.dispose()
+    return Client(server.url, token)
+
+
+def finished(c: Client, job_id: str) -> dict[str, Any]:
+    return wait_for(
+        c, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), LIMIT_S
+    )
+
+
+def events_of(c: Client, job_id: str) -> list[dict[str, Any]]:
+    return c.events(job_id, after=0)
+
+
+def messages(c: Client, job_id: str) -> str:
+    return "\n".join(e["message"] for e in events_of(c, job_id))
+
+
+def assert_each_step_once_like(c: Client, job_id: str, reference: list[dict[str, Any]]) -> None:
+    metrics = c.metrics(job_id)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for got, want in zip(metrics, reference, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "database"), [("kill", "postgresql"), ("hang", "sqlite"), ("raise", "sqlite")]
+)
+def test_each_fault_kind_recovers_with_every_step_once(
+    service: ServiceFactory, reference: list[dict[str, Any]], kind: str, database: str
+) -> None:
+    with service(database) as svc, svc.running() as server, svc.client(server) as c:
+        admin = admin_client(svc, server)
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= 5, LIMIT_S)
+        with pytest.raises(Forbidden):
+            c.inject_fault(job["id"], kind, 1)  # the job's own user is no admin
+        delivered = admin.inject_fault(job["id"], kind, 1)
+        assert delivered["message"] == f"{kind} delivered to rank 1"
+        done = finished(c, job["id"])
+        assert done["state"] == "SUCCEEDED", messages(c, job["id"])
+        assert done["restarts"] == 1, messages(c, job["id"])
+        assert_each_step_once_like(c, job["id"], reference)
+        events = events_of(c, job["id"])
+        admin.close()
+    recoveries = [e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery"]
+    assert len(recoveries) == 1, messages(c, job["id"])
+    rec = recoveries[0]
+    assert rec["injected"] == f"{kind} on rank 1"
+    assert 1 in rec["ranks"] and len(rec["nodes"]) == 1
+    assert rec["restored_step"] >= 4 and rec["mttr_s"] > 0
+    if kind == "hang":
+        assert rec["ranks"] == [1] and rec["rank_steps"]["1"] < rec["rank_steps"]["0"]
+        assert rec["mttr_s"] >= 8  # counted from when rank 1 stopped, not when noticed
+    # What GET shows adds up the recovery events.
+    assert done["steps_lost"] == rec["steps_lost"]
+    assert done["seconds_lost"] == pytest.approx(rec["seconds_lost"])
+    assert done["seconds_lost"] >= rec["mttr_s"] > 0
+    assert 0 < done["goodput"] < 1
+
+
+def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
+    service: ServiceFactory, reference: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        admin = admin_client(svc, server)
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= 5, LIMIT_S)
+        admin.inject_fault(job["id"], "nan", 1)
+        done = finished(c, job["id"])
+        assert done["state"] == "SUCCEEDED", messages(c, job["id"])
+        metrics = c.metrics(job["id"])
+        events = events_of(c, job["id"])
+        admin.close()
+        skips = SkippedBatches(
+            str(svc.settings.resolved_storage_root / job["id"] / "checkpoints")
+        ).read()
+    said = [e for e in events if e["message"].startswith("non-finite loss")]
+    assert len(said) == 1, messages(c, job["id"])
+    step = said[0]["data"]["step"]
+    assert said[0]["data"] == {"step": step, "batch": step, "skipped": True}
+    assert f"the loss of step {step} is not finite" in said[0]["message"]
+    assert skips == [{"step": step, "batch": step}]
+    rec = next(e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery")
+    assert rec["skipped"] == {"step": step, "batch": step} and rec["restored_step"] < step
+    assert done["restarts"] == 1 and done["steps_lost"] == rec["steps_lost"]
+    # Every step once: up to the skip as the plain run, and all of them exactly as a run
+    # that skips the same batch from the start (resume stays exact).
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for got, want in zip(metrics[: step - 1], reference, strict=False):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+    skipping = tmp_path / "skipping"
+    SkippedBatches(str(skipping)).add(step, step)
+    expected: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(BODY), 2, expected.append, LocalCheckpoints(str(skipping)))
+    for got, want in zip(metrics, expected, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+    assert metrics[step - 1]["loss"] != pytest.approx(reference[step - 1]["loss"], rel=1e-6)

@@ -1,0 +1,241 @@
+"""Recovery in the supervisor, through the `Workers` protocol with a fake group: a backoff
+that a cancel or a pause cuts short, rolling back past a non-finite loss, what a recovery
+event tells, and injecting faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import workers.supervisor as supervisor_module
+from workers.lifecycle import JobState
+from workers.progress import EntryKind
+from workers.skipped_batches import SkippedBatches
+from workers.spec import JobSpec
+from workers.supervisor import FaultRefused, JobSupervisor
+from workers.worker import WorkerPhase
+
+
+def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "phase": phase,
+        "step": step,
+        "loss": 1.0,
+        "last_progress": time.time(),
+        "error": None,
+        "metrics": [],
+        "events": [],
+        "checkpoints": [],
+        "summary": {"final_loss": 1.0} if phase == WorkerPhase.DONE else None,
+        **extra,
+    }
+
+
+def nonfinite(rank: int, step: int, batch: int) -> dict[str, Any]:
+    bad = {"step": step, "batch": batch, "loss": float("nan")}
+    return status(rank, WorkerPhase.FAILED, step - 1, error="NonFiniteLoss: ...", nonfinite=bad)
+
+
+class ScriptedWorkers:
+    """Each start of the workers plays the next script: a list of polls, the last one
+    repeated. Records what the supervisor asked for."""
+
+    def __init__(self, scripts: list[list[list[dict[str, Any]]]]) -> None:
+        self.scripts = scripts
+        self.script: list[list[dict[str, Any]]] = []
+        self.calls: list[str] = []
+        self.stopping = False
+
+    def reserve(self, timeout_s: float) -> list[str]:
+        self.calls.append("reserve")
+        return ["node-a", "node-b"]
+
+    def start(self, join_timeout_s: float) -> None:
+        self.calls.append("start")
+        self.script = list(self.scripts.pop(0)) if self.scripts else []
+
+    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+        if self.stopping:
+            return [status(0, WorkerPhase.STOPPED, 3), status(1, WorkerPhase.STOPPED, 3)]
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    def request_stop(self, save: bool = False) -> None:
+        self.calls.append("stop")
+        self.stopping = True
+
+    def kill_workers(self) -> None:
+        self.calls.append("kill")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def inject_fault(self, rank: int, kind: str) -> None:
+        self.calls.append(f"fault {kind} {rank}")
+
+
+def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
+    spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}, "fault_tolerance": ft})
+    return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+
+
+def events(sup: JobSupervisor) -> list[dict[str, Any]]:
+    return [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.EVENT]
+
+
+def states(sup: JobSupervisor) -> list[str]:
+    return [e["state"] for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE]
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.01)
+
+
+BOOM = [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, error="boom")]
+TRAINING = [status(0, WorkerPhase.TRAINING, 5), status(1, WorkerPhase.TRAINING, 5)]
+
+
+@pytest.mark.parametrize("interrupt", ["cancel", "pause"])
+def test_a_cancel_or_pause_does_not_wait_out_the_backoff(tmp_path: Path, interrupt: str) -> None:
+    workers = ScriptedWorkers([[BOOM], [TRAINING]])
+    sup = make(tmp_path, workers, max_failures=5)
+    sup.policy.base_backoff_s = 120.0  # a backoff far longer than this test may take
+    runner = threading.Thread(target=sup.run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while "kill" not in workers.calls:  # the failure was seen: the backoff has begun
+        assert time.monotonic() < deadline, workers.calls
+        time.sleep(0.01)
+    asked = time.monotonic()
+    getattr(sup, interrupt)()
+    # PAUSED is not terminal (the reconciler removes a paused supervisor): wait for it.
+    want = JobState.CANCELLED if interrupt == "cancel" else JobState.PAUSED
+    while sup.state != want and time.monotonic() < asked + 60:
+        time.sleep(0.01)
+    took = time.monotonic() - asked
+    assert sup.state == want, states(sup)
+    assert took < 10, took  # not the 120 s backoff
+
+
+def test_a_nonfinite_loss_rolls_back_skips_the_batch_and_finishes(tmp_path: Path) -> None:
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    workers = ScriptedWorkers([[[nonfinite(0, 6, 6), nonfinite(1, 6, 6)]], [TRAINING, done]])
+    sup = make(tmp_path, workers, max_failures=0, max_nonfinite_skips=2)
+    assert sup.run() == JobState.SUCCEEDED
+    assert states(sup) == ["RUNNING", "RESTARTING", "RUNNING", "SUCCEEDED"]
+    # Rolled back on fresh workers, with no failure counted (max_failures is 0).
+    assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
+    assert sup.failures == 0
+    assert SkippedBatches(str(sup.storage.checkpoints_dir)).read() == [{"step": 6, "batch": 6}]
+    said = next(e for e in events(sup) if e["message"].startswith("non-finite loss"))
+    assert said["data"] == {"step": 6, "batch": 6, "skipped": True}
+    assert "skipping batch 6" in said["message"]
+    recovered = next(e for e in events(sup) if e["message"].startswith("recovered"))
+    assert recovered["data"]["skipped"] == {"step": 6, "batch": 6}
+    assert recovered["data"]["cause"] == "a non-finite loss at step 6"
+    assert recovered["data"]["ranks"] == [0, 1]
+
+
+def test_a_nonfinite_loss_at_the_same_step_again_fails_at_once(tmp_path: Path) -> None:
+    bad = [[nonfinite(0, 6, 6), nonfinite(1, 6, 6)]]
+    again = [[nonfinite(0, 6, 7), nonfinite(1, 6, 7)]]
+    workers = ScriptedWorkers([bad, again])
+    sup = make(tmp_path, workers, max_failures=5, max_nonfinite_skips=5)
+    assert sup.run() == JobState.FAILED
+    final = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE][-1]
+    assert "step 6 is not finite (nan) again after rolling back" in final["reason"]
+    assert workers.calls.count("start") == 2  # failed at once: no third start
+
+
+def test_past_max_nonfinite_skips_the_job_fails_naming_the_limit(tmp_path: Path) -> None:
+    workers = ScriptedWorkers([[[nonfinite(0, 3, 3), nonfinite(1, 3, 3)]]])
+    sup = make(tmp_path, workers, max_nonfinite_skips=0)
+    assert sup.run() == JobState.FAILED
+    final = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE][-1]
+    assert "max_nonfinite_skips=0" in final["reason"] and "step 3" in final["reason"]
+    assert workers.calls == ["reserve", "start", "kill", "release"]
+
+
+def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Path) -> None:
+    metrics = [{"step": 4, "loss": 1.0, "step_time_s": 2.0}]
+    before = [
+        status(0, WorkerPhase.TRAINING, 4, metrics=metrics),
+        status(1, WorkerPhase.TRAINING, 4),
+    ]
+    restored = {"message": "restored checkpoint step 2", "data": {"step": 2}}
+    after = [
+        status(0, WorkerPhase.TRAINING, 3, events=[restored]),
+        status(1, WorkerPhase.TRAINING, 3),
+    ]
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    workers = ScriptedWorkers([[before, BOOM], [after, done]])
+    sup = make(tmp_path, workers, max_failures=1)
+    sup.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    assert rec["cause"] == "rank 1: boom"
+    assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
+    assert rec["restored_step"] == 2 and rec["front_step"] == 4 and rec["steps_lost"] == 2
+    # The time to recover plus the two lost steps at the last step time seen (2 s each).
+    assert rec["seconds_lost"] == pytest.approx(rec["mttr_s"] + 4.0)
+
+
+def test_a_hang_names_the_ranks_behind_and_where_each_stood(tmp_path: Path) -> None:
+    stale = time.time() - 50
+    hung = [
+        status(0, WorkerPhase.TRAINING, 7, last_progress=stale + 5),
+        status(1, WorkerPhase.TRAINING, 6, last_progress=stale),
+    ]
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    training = [status(0, WorkerPhase.TRAINING, 8), status(1, WorkerPhase.TRAINING, 8)]
+    workers = ScriptedWorkers([[hung], [training, done]])
+    sup = make(tmp_path, workers, hang_timeout_s=10, max_failures=1)
+    sup.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    failure = next(e for e in events(sup) if e["message"].startswith("failure"))
+    assert "rank 1 at step 6; the front at step 7" in failure["message"]
+    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
+    assert rec["rank_steps"] == {0: 7, 1: 6}
+    # Counted from when rank 1 stalled (50 s ago), not from when the hang was noticed.
+    assert rec["mttr_s"] >= 50
+
+
+def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
+    tmp_path: Path,
+) -> None:
+    workers = ScriptedWorkers([[TRAINING]])
+    sup = make(tmp_path, workers)
+    with pytest.raises(FaultRefused, match="STARTING"):
+        sup.inject_fault("kill", 1)
+    sup._enter(sup.step())  # launch: RUNNING
+    sup.inject_fault("raise", 1)
+    assert workers.calls[-1] == "fault raise 1"
+    assert events(sup)[-1]["message"] == "fault injected: raise on rank 1"
+    with pytest.raises(ValueError):
+        sup.inject_fault("explode", 0)
+    workers.script = [BOOM]
+    sup._enter(sup.step())
+    assert sup.state == JobState.RESTARTING
+    assert sup._recovery is not None and sup._recovery.injected == "raise on rank 1"
+    sup.cancel()
+    with pytest.raises(FaultRefused):
+        sup.inject_fault("kill", 0)
+
+
+def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Path) -> None:
+    dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError")
+    broken = status(0, WorkerPhase.FAILED, 4, error="RuntimeError: Connection reset by peer")
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    workers = ScriptedWorkers([[[broken, dead]], [TRAINING, done]])
+    sup = make(tmp_path, workers, max_failures=1)
+    sup.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
+    assert "Connection reset" in rec["cause"] and "its actor died" in rec["cause"]
