@@ -15,7 +15,7 @@ from api.rate_limit import TokenBuckets
 from api.routes import jobs, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
-from api.telemetry import ApiTelemetry
+from api.telemetry import ApiTelemetry, TelemetryMiddleware
 from service.config import Settings
 from service.db import Database
 from service.quotas import UserQuotas
@@ -59,7 +59,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.quotas = UserQuotas(db, settings)
     install_error_handlers(app)
     install_openapi(app)
-    app.middleware("http")(app.state.telemetry.middleware)
+    app.add_middleware(TelemetryMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(system.router)
