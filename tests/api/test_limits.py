@@ -41,7 +41,7 @@ def limited(
             state_dir=folder / "state",
             data_roots=[folder / "data"],
             # A slow refill, so the test is not racing the clock on a loaded machine.
-            rate_limit_per_s=0.05,
+            rate_limit_per_s=0.001,
             rate_limit_burst=BURST,
             user_max_queued_jobs=2,
             user_max_cpus=4,
