@@ -248,10 +248,12 @@ def job_events(
     store: StoreDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> EventsPublic:
+) -> Response:
     store.get(job_id, user)
-    return EventsPublic(
-        events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
+    return json_response(
+        EventsPublic(
+            events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
+        )
     )
 
 
@@ -262,18 +264,20 @@ def job_metrics(
     store: StoreDep,
     since_step: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-) -> MetricsPublic:
+) -> Response:
     """Logged steps after `since_step`, in order."""
     store.get(job_id, user)
-    return MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
+    return json_response(
+        MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
+    )
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> CheckpointsPublic:
+def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> Response:
     """Committed checkpoints only: a partial one is never reported."""
     store.get(job_id, user)
-    return CheckpointsPublic(
-        checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)]
+    return json_response(
+        CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)])
     )
 
 
