@@ -11,12 +11,14 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
+from api.rate_limit import TokenBuckets
 from api.routes import faults, jobs, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
-from api.telemetry import ApiTelemetry
+from api.telemetry import ApiTelemetry, TelemetryMiddleware
 from service.config import Settings
 from service.db import Database
+from service.quotas import UserQuotas
 from service.runtime import NoRuntime, Runtime
 from service.store import JobStore
 from service.users import UserDirectory
@@ -53,9 +55,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.users = UserDirectory(db)
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
+    app.state.rate_limit = TokenBuckets(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.quotas = UserQuotas(db, settings)
     install_error_handlers(app)
     install_openapi(app)
-    app.middleware("http")(app.state.telemetry.middleware)
+    app.add_middleware(TelemetryMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(faults.router)

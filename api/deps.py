@@ -8,24 +8,27 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
+from api.rate_limit import TokenBuckets, retry_after_header
 from service.config import Settings
 from service.models import User
 from service.runtime import Runtime
 from service.store import JobStore
-from service.users import UserDirectory
+from service.users import UserDirectory, hash_token
 
+# Dependencies that only read app.state are `async def`: FastAPI runs a plain `def` one in
+# the thread pool, a hop per dependency per request for nothing.
 _bearer = HTTPBearer(auto_error=False, description="An API token: `shardline token create`")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> JobStore:
+async def get_store(request: Request) -> JobStore:
     return request.app.state.store
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
@@ -40,6 +43,18 @@ def get_current_user(
     user = users.authenticate(credentials.credentials)
     if user is None:
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=challenge)
+    limiter: TokenBuckets = request.app.state.rate_limit
+    wait_s = limiter.take(hash_token(credentials.credentials))
+    if wait_s > 0:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"more than {limiter.rate_per_s:g} requests per second (bursts of "
+            f"{limiter.burst:g}) with this token; retry after the Retry-After seconds "
+            "(the server's limit is SHARDLINE_RATE_LIMIT_PER_S and SHARDLINE_RATE_LIMIT_BURST)",
+            {"limit_per_s": limiter.rate_per_s, "burst": limiter.burst},
+            headers=retry_after_header(wait_s),
+        )
     return user
 
 

@@ -9,9 +9,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as db_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.rate_limit import retry_after_header
+from service.quotas import QuotaExceeded
 from service.store import (
     ConcurrentUpdate,
     IdempotencyConflict,
@@ -38,6 +41,7 @@ _HTTP_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "validation_error",
+    429: "too_many_requests",
     503: "unavailable",
 }
 
@@ -105,6 +109,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _store_error(_: Request, err: StoreError) -> JSONResponse:
         return error_response(_STORE_STATUS.get(type(err), 409), err.code, str(err))
 
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(_: Request, err: QuotaExceeded) -> JSONResponse:
+        return error_response(
+            429, err.code, str(err), headers=retry_after_header(err.retry_after_s)
+        )
+
+    for database_error in (db_errors.DBAPIError, db_errors.TimeoutError):
+        app.add_exception_handler(database_error, _database_error)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, err: RequestValidationError) -> JSONResponse:
         failed = validation_failed(err.errors())
@@ -120,6 +133,45 @@ def install_error_handlers(app: FastAPI) -> None:
     # Not an exception_handler(Exception): Starlette runs that one in its outermost
     # middleware, which re-raises after answering, so the server logged each error twice.
     app.add_middleware(CatchUnexpected)
+
+
+DATABASE_RETRY_AFTER_S = 5
+
+
+def database_unavailable(err: Exception) -> bool:
+    """Whether `err` means the database is down, restarting, unreachable, out of
+    connections or (SQLite) locked, so the same request may succeed later; other database
+    errors (a missing table, a bad query) are bugs and stay 500s."""
+    if isinstance(err, db_errors.TimeoutError):  # no pooled connection came free in time
+        return True
+    if not isinstance(err, db_errors.DBAPIError):
+        return False
+    if err.connection_invalidated:
+        return True
+    if not isinstance(err, db_errors.OperationalError | db_errors.InterfaceError):
+        return False
+    if type(err.orig).__module__.startswith("sqlite3"):
+        text = str(err.orig).lower()
+        return "locked" in text or "busy" in text
+    return True  # PostgreSQL: refused, terminated, timed out, starting up, ...
+
+
+async def _database_error(request: Request, err: Exception) -> JSONResponse:
+    if not database_unavailable(err):
+        raise err  # CatchUnexpected logs it once and answers 500
+    log.warning(
+        "database unavailable on %s %s: %s",
+        request.method,
+        request.url.path,
+        str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__,
+    )
+    return error_response(
+        503,
+        "unavailable",
+        "the database does not answer; retry after the Retry-After seconds (a submit with "
+        "the same Idempotency-Key never makes a second job)",
+        headers=retry_after_header(DATABASE_RETRY_AFTER_S),
+    )
 
 
 class CatchUnexpected:

@@ -20,7 +20,16 @@ _WHY = {
     413: "The request body is larger than the server allows",
     415: "The body is not sent as application/json",
     422: "A field is invalid (details name each field), or the job cannot fit the cluster",
-    503: "The database does not answer",
+    429: "Too many requests with this token, or too many queued jobs (submit); see Retry-After",
+    503: "The database does not answer; see Retry-After",
+}
+
+# Statuses whose answer says when to try again.
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again",
+        "schema": {"type": "integer", "minimum": 1},
+    }
 }
 
 # Where the JobSpec's schema lives; POST /v1/jobs refers to it.
@@ -29,7 +38,14 @@ JOB_SPEC_REF = "#/components/schemas/JobSpec"
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """`responses=` entries for these statuses, each with the error shape."""
-    return {status: {"model": ErrorBody, "description": _WHY[status]} for status in statuses}
+    return {
+        status: {
+            "model": ErrorBody,
+            "description": _WHY[status],
+            **({"headers": _RETRY_AFTER} if status in (429, 503) else {}),
+        }
+        for status in statuses
+    }
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
-from fastapi import Request, Response
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.db import Database
 from service.models import Job
@@ -52,13 +52,36 @@ class ApiTelemetry:
         )
         self.registry.register(JobsByState(db))
 
-    async def middleware(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in KNOWN_METHODS else "other"
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
+
+
+class TelemetryMiddleware:
+    """Pure ASGI middleware that counts every request: Starlette's BaseHTTPMiddleware
+    (`app.middleware("http")`) runs each request through an extra task and stream, a
+    fixed cost on every route."""
+
+    def __init__(self, app: ASGIApp, telemetry: ApiTelemetry) -> None:
+        self.app, self.telemetry = app, telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", None) or "unmatched"
-        method = request.method if request.method in KNOWN_METHODS else "other"
-        self.requests.labels(method, route, str(response.status_code)).inc()
-        self.latency.labels(method, route).observe(time.perf_counter() - start)
-        return response
+        status = 500  # what the client gets if nothing answers
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            # The router records the matched route in the scope it was given.
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.telemetry.observe(scope["method"], route, status, time.perf_counter() - start)

@@ -36,6 +36,17 @@ class Settings(BaseSettings):
     admin_token_file: Path | None = None
     # Page size limit of list routes.
     max_page_size: Annotated[int, Field(ge=1, le=1000)] = 200
+    # Per-token rate limit (a token bucket): requests per second sustained, and the burst
+    # a token may send at once. Far above what the CLI, the status page or a script that
+    # polls needs; 0 turns the limit off. Over it: 429 with Retry-After.
+    rate_limit_per_s: Annotated[float, Field(ge=0)] = 100.0
+    rate_limit_burst: Annotated[int, Field(ge=1)] = 1000
+    # Per-user quotas (admins included); 0 means no limit. Queued jobs over the limit are
+    # refused at submit (429); jobs that would take a user's running jobs past the CPU or
+    # GPU quota stay QUEUED with a queue_reason naming the quota.
+    user_max_queued_jobs: Annotated[int, Field(ge=0)] = 1000
+    user_max_cpus: Annotated[float, Field(ge=0)] = 0.0
+    user_max_gpus: Annotated[float, Field(ge=0)] = 0.0
 
     @field_validator("data_roots", mode="before")
     @classmethod

@@ -21,8 +21,16 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; creates the folder of a SQLite file."""
+# A database that stops answering must turn into a quick error (the API answers 503), never
+# a request that hangs: bounded connecting, waiting for a pooled connection, and statements.
+CONNECT_TIMEOUT_S = 5
+POOL_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_S = 30
+
+
+def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
+    """An engine for `url`; creates the folder of a SQLite file. `statement_timeout_s`
+    bounds each PostgreSQL statement (None: no bound, as migrations need)."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -30,15 +38,27 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if statement_timeout_s is not None:
+        connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
+    # pre_ping: a connection the server dropped (restart, failover) is replaced on checkout,
+    # so the API recovers by itself when the database is back.
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        pool_timeout=POOL_TIMEOUT_S,
+        connect_args=connect_args,
+    )
 
 
 class Database:
     """An engine and its session factory."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, statement_timeout_s: float | None = STATEMENT_TIMEOUT_S) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, statement_timeout_s)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

@@ -5,7 +5,8 @@ session so it outlives the control plane: detached supervisors keep training whi
 API restarts, and the next `serve` re-attaches to the same head (its address and pid are
 kept in state_dir/ray/). Stopping that one process stops the whole head it started.
 
-Anyone who can reach a Ray head can run code on it, so the head requires Ray's token
+Anyone who can reach a Ray head can run code on it, so every port of the head's processes
+listens on loopback only (see LOOPBACK_ENV), and the head requires Ray's token
 authentication, with a token of its own kept in state_dir/ray/auth_token (mode 0600), or
 the file RAY_AUTH_TOKEN_PATH names where the operator set one. The head, its workers (they
 inherit the head's environment) and the control plane (through `LocalRay.use_auth`) all
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 # Enough for metrics and control messages; training data never goes through it.
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
+# Loopback only. Every Ray server (GCS, raylet and object manager, workers, agents, the
+# Ray Client server) listens on 127.0.0.1 exactly when its node's IP is 127.0.0.1, but
+# `ray start --node-ip-address=127.0.0.1` and ray.init rewrite a loopback address to the
+# host's own (services.resolve_ip_for_localhost) unless Ray's single-machine switch is
+# off: the one Ray uses on macOS and Windows, read from this variable when ray is
+# imported. With it the head cannot take worker nodes, which an embedded head never has.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
 
 def _auth_token(state_dir: Path) -> Path:
     """The head's token file: RAY_AUTH_TOKEN_PATH's where set, else this state dir's,
@@ -62,14 +71,25 @@ class LocalRay:
 
     @property
     def auth_env(self) -> dict[str, str]:
-        """What a Ray process needs in its environment to talk to this head."""
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.auth_token)}
+        """What a Ray process needs in its environment to talk to this head: its token,
+        and a node address on loopback like the head's."""
+        return {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.auth_token),
+            **LOOPBACK_ENV,
+        }
 
     def use_auth(self) -> None:
-        """Make this process's `ray.init` present the head's token. Ray reads this when it
-        is first imported, so call it before anything imports ray."""
+        """Make this process's `ray.init` present the head's token and join it on
+        loopback. Ray reads this when it is first imported, so call it before anything
+        imports ray."""
         os.environ.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
         os.environ.update(self.auth_env)
+        constants = sys.modules.get("ray._private.ray_constants")
+        if constants is not None:
+            # Imported already (a test process): the switch is read where it is used, so
+            # setting it still makes this driver's node address loopback, as the head's.
+            setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the head and every Ray process it started (all share its session)."""
@@ -173,7 +193,7 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
     ]
     token = _auth_token(state_dir)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), **LOOPBACK_ENV})
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(
             cmd,

@@ -12,6 +12,7 @@ import ray
 
 from service.config import Settings
 from service.models import Job
+from service.quotas import resource_limits
 from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import (
@@ -132,7 +133,11 @@ class RayRuntime:
             DataAccess.of(settings.data_roots, settings.private_dirs),
         )
         self.scheduler = Scheduler(
-            store, cluster_total=self._total, launch=self._launch, discard=self.supervisors.remove
+            store,
+            cluster_total=self._total,
+            launch=self._launch,
+            discard=self.supervisors.remove,
+            quota_limits=resource_limits(settings),
         )
         self.reconciler = Reconciler(store, self.supervisors)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from service.loop import PeriodicLoop
 from service.models import Job
+from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
 from workers.lifecycle import JobState
 from workers.spec import JobSpec
@@ -79,6 +80,26 @@ class Queued:
     job_id: str
     demand: dict[str, float]
     waited_s: float
+    owner: str = ""
+
+
+@dataclass(frozen=True)
+class UserQuota:
+    """What one user's started jobs may hold (resource -> limit; absent: no limit), and
+    what each user's started jobs hold now."""
+
+    limits: dict[str, float]
+    held: dict[str, dict[str, float]]
+
+    def refusal(self, job: Queued, held: dict[str, float]) -> str | None:
+        for k, limit in self.limits.items():
+            if held.get(k, 0.0) + job.demand.get(k, 0.0) > limit + 1e-9:
+                return (
+                    f"waiting for the user quota: {job.owner}'s running jobs hold "
+                    f"{held.get(k, 0.0):g} of the {limit:g} {k} a user may hold "
+                    f"({QUOTA_SETTINGS[k]}); this job needs {job.demand.get(k, 0.0):g} {k}"
+                )
+        return None
 
 
 @dataclass(frozen=True)
@@ -88,14 +109,26 @@ class Plan:
 
 
 def plan_admissions(
-    queue: list[Queued], free: dict[str, float], total: dict[str, float], reserve_after_s: float
+    queue: list[Queued],
+    free: dict[str, float],
+    total: dict[str, float],
+    reserve_after_s: float,
+    quota: UserQuota | None = None,
 ) -> Plan:
-    """Which of `queue` (already in priority, age order) to start now, and why not the rest."""
+    """Which of `queue` (already in priority, age order) to start now, and why not the rest.
+
+    A job that would take its owner past `quota` waits and holds nobody back: it is not
+    waiting for the cluster, so it never reserves it."""
     free = dict(free)
+    held = {user: dict(r) for user, r in (quota.held if quota else {}).items()}
     admit: list[str] = []
     waiting: dict[str, str] = {}
     blocked_by: Queued | None = None
     for job in queue:
+        over_quota = quota.refusal(job, held.get(job.owner, {})) if quota else None
+        if over_quota is not None:
+            waiting[job.job_id] = over_quota
+            continue
         if blocked_by is not None:
             waiting[job.job_id] = (
                 f"held behind job {blocked_by.job_id}, which has waited "
@@ -104,8 +137,10 @@ def plan_admissions(
             continue
         if fits(job.demand, free):
             admit.append(job.job_id)
+            owner_held = held.setdefault(job.owner, {})
             for k in RESOURCE_NAMES:
                 free[k] = free.get(k, 0) - job.demand.get(k, 0)
+                owner_held[k] = owner_held.get(k, 0.0) + job.demand.get(k, 0)
             continue
         waiting[job.job_id] = (
             f"waiting for resources: needs {describe(job.demand)}; "
@@ -130,8 +165,10 @@ class Scheduler(PeriodicLoop):
         discard: Callable[[str], None],
         interval_s: float = 1.0,
         reserve_after_s: float = 300.0,
+        quota_limits: dict[str, float] | None = None,
     ) -> None:
         self.store = store
+        self.quota_limits = quota_limits or {}
         self.cluster_total = cluster_total
         self.launch = launch
         self.discard = discard
@@ -160,20 +197,26 @@ class Scheduler(PeriodicLoop):
                     demand[j.id] = _stored_demand(j.spec)
         queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
+        held: dict[str, dict[str, float]] = {}
         for j in active:
             if j.state != JobState.QUEUED:
                 for k, v in demand[j.id].items():
                     used[k] += v
+            if j.state not in (JobState.QUEUED, JobState.PAUSED):  # a paused job holds nothing
+                owner_held = held.setdefault(j.owner.name, {})
+                for k, v in demand[j.id].items():
+                    owner_held[k] = owner_held.get(k, 0.0) + v
         free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
         now = datetime.now(UTC)
         plan = plan_admissions(
             [
-                Queued(j.id, demand[j.id], (now - _utc(j.created_at)).total_seconds())
+                Queued(j.id, demand[j.id], (now - _utc(j.created_at)).total_seconds(), j.owner.name)
                 for j in queued
             ],
             free,
             total,
             self.reserve_after_s,
+            UserQuota(self.quota_limits, held) if self.quota_limits else None,
         )
         by_id = {j.id: j for j in queued}
         for job_id in plan.admit:

@@ -79,12 +79,12 @@ class UserDirectory:
     def authenticate(self, token: str) -> User | None:
         """The user a live token belongs to, or None (unknown or revoked)."""
         with self.db.session() as s:
-            row = s.scalar(
-                select(ApiToken).where(
-                    ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None)
-                )
+            # One round trip: every request with a token makes this query.
+            return s.scalar(
+                select(User)
+                .join(ApiToken, ApiToken.user_id == User.id)
+                .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
             )
-            return s.get(User, row.user_id) if row is not None else None
 
     def list_tokens(self) -> list[TokenInfo]:
         with self.db.session() as s:

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError, validation_failed
@@ -28,6 +28,8 @@ from api.schemas import (
 from service.config import Settings
 from service.job_logs import tail_lines
 from service.models import Job, User
+from service.quotas import UserQuotas, never_fits_quota, resource_limits
+from service.scheduler import job_demand
 from service.store import JobStore
 from workers.checkpoint_store import CheckpointStore
 from workers.engine.data_access import DataAccess
@@ -35,7 +37,9 @@ from workers.lifecycle import JobState
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422))
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)
+)
 
 # Databases compare with signed 64-bit integers; a larger bound overflows the driver.
 MAX_INT64 = 2**63 - 1
@@ -144,7 +148,7 @@ def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Sett
     openapi_extra=_SPEC_BODY,
     responses={
         200: {"model": JobPublic, "description": "Idempotent replay"},
-        **error_responses(400, 409, 413, 415),
+        **error_responses(400, 409, 413, 415, 429),
     },
 )
 async def submit_job(
@@ -161,10 +165,15 @@ async def submit_job(
     def admit() -> tuple[Job, bool]:
         check_data_path(spec, settings)
         check_resume_from(spec, user, store, settings)
-        refusal = runtime.refusal(spec)
+        refusal = runtime.refusal(spec) or never_fits_quota(
+            job_demand(spec), resource_limits(settings)
+        )
         if refusal is not None:
             raise ApiError(422, "does_not_fit", refusal)
-        return store.create(user, spec, idempotency_key)
+        quotas: UserQuotas = request.app.state.quotas
+        return quotas.submit(
+            user, idempotency_key, lambda: store.create(user, spec, idempotency_key)
+        )
 
     # The cluster query and the database are blocking calls: run them in a worker thread
     # so one slow submit does not stall every other request on the event loop.
@@ -181,7 +190,7 @@ def list_jobs(
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
-) -> JobsPublic:
+) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     try:
         page = store.list_jobs(
@@ -191,12 +200,21 @@ def list_jobs(
         raise ApiError(
             422, "validation_error", str(err), [{"field": "cursor", "message": str(err)}]
         ) from None
-    return JobsPublic(jobs=[JobPublic.of(j) for j in page.jobs], next_cursor=page.next_cursor)
+    page_public = JobsPublic(
+        jobs=[JobPublic.of(j) for j in page.jobs], next_cursor=page.next_cursor
+    )
+    return json_response(page_public)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
-    return JobPublic.of(store.get(job_id, user))
+def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> Response:
+    return json_response(JobPublic.of(store.get(job_id, user)))
+
+
+def json_response(model: BaseModel) -> Response:
+    """`model` serialized once: returned as a model, FastAPI would validate it against the
+    response model again first (a second pass over every stored spec)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 @router.post(
@@ -230,10 +248,12 @@ def job_events(
     store: StoreDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> EventsPublic:
+) -> Response:
     store.get(job_id, user)
-    return EventsPublic(
-        events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
+    return json_response(
+        EventsPublic(
+            events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
+        )
     )
 
 
@@ -244,18 +264,20 @@ def job_metrics(
     store: StoreDep,
     since_step: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-) -> MetricsPublic:
+) -> Response:
     """Logged steps after `since_step`, in order."""
     store.get(job_id, user)
-    return MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
+    return json_response(
+        MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
+    )
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> CheckpointsPublic:
+def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> Response:
     """Committed checkpoints only: a partial one is never reported."""
     store.get(job_id, user)
-    return CheckpointsPublic(
-        checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)]
+    return json_response(
+        CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)])
     )
 
 

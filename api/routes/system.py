@@ -42,7 +42,7 @@ def readyz(request: Request) -> dict[str, str]:
             "description": "Prometheus text exposition",
             "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
         },
-        **error_responses(401),
+        **error_responses(401, 429, 503),
     },
 )
 def prometheus_metrics(request: Request, _user: CurrentUser) -> Response:
@@ -51,7 +51,7 @@ def prometheus_metrics(request: Request, _user: CurrentUser) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/cluster", response_model=ClusterPublic, responses=error_responses(401))
+@router.get("/v1/cluster", response_model=ClusterPublic, responses=error_responses(401, 429, 503))
 def cluster(request: Request, _user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
     info = runtime.cluster()
     db: Database = request.app.state.db

@@ -28,7 +28,10 @@ _NOT_SOURCE = shutil.ignore_patterns(
 
 def outside_env(**extra: str) -> dict[str, str]:
     """This process's environment without what would put the checkout on sys.path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: set by an embedded head of another tier (loopback
+    # only); a multi-node cluster must not inherit it.
+    drop = ("PYTHONPATH", "PYTHONHOME", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     return {**env, **extra}
 
 

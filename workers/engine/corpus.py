@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -16,6 +19,12 @@ log = logging.getLogger(__name__)
 
 SYNTHETIC_TOKENS = 1 << 20
 SYNTHETIC_RUN = 256
+# Text is read and tokenized this many bytes at a time, cut at line ends, so tokenizing
+# needs bounded memory whatever the corpus size (a whole file at once took ~17x its size).
+TEXT_CHUNK_BYTES = 1 << 20
+# A line longer than this many chunks is cut where it is (tokens across the cut may differ
+# from a whole-line encoding for subword tokenizers; the byte tokenizer is exact anyway).
+MAX_CHUNK_LINES = 8
 
 
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
@@ -78,26 +87,74 @@ def text_tokens(
     cached = cache_dir() / "tokens" / f"{digest}.{np.dtype(dtype).name}"
     if cached.exists():
         return np.memmap(cached, dtype=dtype, mode="r")
-    ids: list[int] = []
-    skipped = 0
-    for f in files:
-        try:
-            with access.open(f, "data.path") as handle:
-                text = handle.read().decode("utf-8")
-        except UnicodeDecodeError:
-            skipped += 1  # binary files in a folder of text (images, bytecode) are not text
-            continue
-        ids.extend(tokenizer.encode(text + "\n"))
-    if skipped:
-        log.warning("skipped %d of %d files under %s: not UTF-8 text", skipped, len(files), root)
-    if not ids:
-        raise ValueError(f"data.path: no UTF-8 text found under {root}")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    np.asarray(ids, dtype=dtype).tofile(tmp)
+    try:
+        count, skipped = _tokenize_files(files, tokenizer, dtype, access, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if skipped:
+        log.warning("skipped %d of %d files under %s: not UTF-8 text", skipped, len(files), root)
+    if not count:
+        tmp.unlink(missing_ok=True)
+        raise ValueError(f"data.path: no UTF-8 text found under {root}")
     os.replace(tmp, cached)  # atomic: concurrent readers see all of it or nothing
-    log.info("tokenized %d files under %s into %d tokens (%s)", len(files), root, len(ids), cached)
+    log.info("tokenized %d files under %s into %d tokens (%s)", len(files), root, count, cached)
     return np.memmap(cached, dtype=dtype, mode="r")
+
+
+def _tokenize_files(
+    files: list[Path],
+    tokenizer: Tokenizer,
+    dtype: type[np.unsignedinteger],
+    access: DataAccess,
+    out_path: Path,
+) -> tuple[int, int]:
+    """Append each UTF-8 file's tokens to `out_path`, a chunk at a time; returns (tokens
+    written, files skipped as not UTF-8). Memory stays about TEXT_CHUNK_BYTES times a
+    small factor (Python ints of one chunk), whatever the corpus size."""
+    count = skipped = 0
+    with out_path.open("wb") as out:
+        for f in files:
+            start, written = out.tell(), 0
+            try:
+                with access.open(f, "data.path") as handle:
+                    for text in text_chunks(handle, TEXT_CHUNK_BYTES):
+                        ids = np.asarray(tokenizer.encode(text), dtype=dtype)
+                        out.write(ids.tobytes())
+                        written += len(ids)
+            except UnicodeDecodeError:
+                # Binary files in a folder of text (images, bytecode) are not text: drop
+                # what this one wrote before its first undecodable byte.
+                out.seek(start)
+                out.truncate()
+                skipped += 1
+                continue
+            count += written
+    return count, skipped
+
+
+def text_chunks(handle: BinaryIO, chunk_bytes: int = TEXT_CHUNK_BYTES) -> Iterator[str]:
+    """A file's UTF-8 text in pieces of about `chunk_bytes`, each ending at a line end
+    (a line longer than MAX_CHUNK_LINES chunks is cut where it is), the last one with
+    a "\n" added (a file's tokens end as if the whole file plus a newline were encoded).
+    Raises UnicodeDecodeError at the first byte that is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = ""
+    while True:
+        raw = handle.read(chunk_bytes)
+        text = pending + decoder.decode(raw, final=not raw)
+        if not raw:
+            yield text + "\n"
+            return
+        cut = text.rfind("\n") + 1
+        if cut == 0 and len(text) < MAX_CHUNK_LINES * chunk_bytes:
+            pending = text  # no line end yet: read on
+            continue
+        cut = cut or len(text)
+        pending = text[cut:]
+        yield text[:cut]
 
 
 def bin_tokens(path: Path, vocab_size: int, access: DataAccess | None = None) -> np.ndarray:

@@ -1,0 +1,115 @@
+"""Per-token rate limit and per-user quotas, on a real server over SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.config import Settings
+from service.db import Database
+from service.migrate import upgrade_to_head
+from service.users import UserDirectory
+from tests.support.databases import fresh_database
+from tests.support.server import run_server
+
+BURST = 20
+
+
+@dataclass
+class LimitedServer:
+    url: str
+    users: UserDirectory
+
+    def token(self, user: str) -> dict[str, str]:
+        issued = self.users.issue_token(self.users.ensure_user(user), "test")
+        return {"Authorization": f"Bearer {issued.token}"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def limited(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LimitedServer]:
+    folder: Path = tmp_path_factory.mktemp(f"limits-{request.param}")
+    with fresh_database(request.param, folder) as url:
+        upgrade_to_head(url)
+        settings = Settings(
+            database_url=url,
+            state_dir=folder / "state",
+            data_roots=[folder / "data"],
+            # A slow refill, so the test is not racing the clock on a loaded machine.
+            rate_limit_per_s=0.001,
+            rate_limit_burst=BURST,
+            user_max_queued_jobs=2,
+            user_max_cpus=4,
+        )
+        db = Database(url)
+        with run_server(settings) as server:
+            yield LimitedServer(server.url, UserDirectory(db))
+        db.dispose()
+
+
+def test_a_token_over_its_rate_gets_429_with_retry_after(limited: LimitedServer) -> None:
+    first, second = limited.token("rate-a"), limited.token("rate-a")
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        assert [http.get("/v1/jobs", headers=first).status_code for _ in range(BURST)] == [
+            200
+        ] * BURST
+        refused = http.get("/v1/jobs", headers=first)
+        assert refused.status_code == 429
+        assert int(refused.headers["Retry-After"]) >= 1
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limited"
+        assert "SHARDLINE_RATE_LIMIT_PER_S" in error["message"]
+        # The limit is per token: the same user's other token is not held back.
+        assert http.get("/v1/jobs", headers=second).status_code == 200
+
+
+def test_queued_jobs_over_the_users_limit_get_429_naming_it(limited: LimitedServer) -> None:
+    def submit(http: httpx.Client, headers: dict[str, str], key: str) -> httpx.Response:
+        return http.post(
+            "/v1/jobs", json={"name": key}, headers={**headers, "Idempotency-Key": key}
+        )
+
+    owner, other = limited.token("quota-a"), limited.token("quota-b")
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        first = submit(http, owner, "q1")
+        assert first.status_code == 201
+        assert submit(http, owner, "q2").status_code == 201
+        refused = submit(http, owner, "q3")
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "quota_exceeded"
+        assert "SHARDLINE_USER_MAX_QUEUED_JOBS=2" in refused.json()["error"]["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        # A replay of a job already queued is answered, not refused.
+        assert submit(http, owner, "q1").status_code == 200
+        # Another user has a limit of their own.
+        assert submit(http, other, "q1").status_code == 201
+        # Cancelling one makes room.
+        job_id = first.json()["id"]
+        assert http.post(f"/v1/jobs/{job_id}/cancel", headers=owner).status_code == 202
+        assert submit(http, owner, "q3").status_code == 201
+
+
+def test_a_job_larger_than_the_resource_quota_is_refused_at_submit(limited: LimitedServer) -> None:
+    headers = limited.token("quota-big")
+    spec = {"name": "big", "parallel": {"dp": 2}, "resources": {"cpus_per_worker": 3}}
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        refused = http.post("/v1/jobs", json=spec, headers=headers)
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "does_not_fit"
+    assert "SHARDLINE_USER_MAX_CPUS" in refused.json()["error"]["message"]
+
+
+def test_429_and_503_are_documented_with_retry_after(limited: LimitedServer) -> None:
+    document = httpx.get(f"{limited.url}/openapi.json", timeout=30).json()
+    for path, method in (("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/{job_id}", "get")):
+        responses = document["paths"][path][method]["responses"]
+        for status in ("429", "503"):
+            assert "Retry-After" in responses[status]["headers"], (path, method, status)
+            assert responses[status]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/ErrorBody"
+            }
