@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def bench(*args: str) -> dict[str, object]:
+def bench(*args: str) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -21,8 +21,9 @@ from workers.engine.zero_one import ZeroOneOptimizer
 
 log = logging.getLogger(__name__)
 
-# Name segments that wrappers add and that are not part of the model's own names.
-WRAPPER_PREFIXES = ("module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+# Name segments that wrappers add and that are not part of the model's own names. Longest
+# first: "module." is also the tail of the activation checkpointing wrapper's segment.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 
 
 def model_name(wrapped_name: str) -> str:
