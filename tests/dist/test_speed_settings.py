@@ -51,7 +51,13 @@ def test_bf16_parameter_gathers_learn_like_bf16_autocast() -> None:
     assert with_policy["gathered"] == ["torch.bfloat16"]
     assert without["gathered"] == ["torch.float32"]
     assert with_policy["shards"] == without["shards"] == ["torch.float32"]
-    losses, reference = with_policy["losses"], without["losses"]
+    # It learns like bf16 autocast in one process (the reference every layout is held
+    # to). Autocast over fp32 FSDP gathers, the old default, learns slower here (final
+    # loss about 3.6 against 2.3): it is not the reference.
+    reference = [m["loss"] for m in run(tiny_spec(precision="bf16", train={"steps": 20}))[0]]
+    losses = with_policy["losses"]
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < 0.7 * losses[0]
+    for step, (got, want) in enumerate(zip(losses, reference, strict=True), start=1):
+        assert got == pytest.approx(want, rel=0.05), f"step {step}: {losses} vs {reference}"
     assert losses[-1] == pytest.approx(reference[-1], rel=0.03), (losses, reference)
