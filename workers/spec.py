@@ -164,6 +164,9 @@ class ParallelSpec(_Strict):
     pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
     pp_virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
     sequence_parallel: bool = False
+    # bf16 jobs at zero_stage 2/3: FSDP gathers bf16 parameters (half the bytes) and
+    # reduces gradients in fp32; the shards stay fp32. Ignored elsewhere.
+    fsdp_mixed_precision: bool = True
 
     @property
     def world_size(self) -> int:
@@ -199,6 +202,10 @@ class TrainSpec(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     log_every: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 1
     eval_every: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    # torch.compile each transformer block (first steps pay for compiling).
+    compile: bool = False
+    # Fused AdamW kernels where the device has them (CUDA); same update, fewer launches.
+    fused_optimizer: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> Self:

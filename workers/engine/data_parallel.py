@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.engine.precision import local_grads
@@ -55,11 +55,13 @@ def apply_data_parallel(
     zero_stage: int,
     device: torch.device,
     sync_after_backward: bool = False,
+    param_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Wrap or shard `model` over `dp_mesh`; returns the module to call for training.
 
     With `sync_after_backward` (see `syncs_grads_after_backward`) replicated stages are
-    left unwrapped and the caller all-reduces their gradients.
+    left unwrapped and the caller all-reduces their gradients. `param_dtype` (zero 2/3
+    only) is the dtype FSDP gathers parameters in; gradients are still reduced in fp32.
     """
     dp = dp_mesh.size()
     if dp == 1:
@@ -81,12 +83,22 @@ def apply_data_parallel(
         log.info("applied DDP over dp=%d (zero-%d)", dp, zero_stage)
         return wrapped
     reshard = zero_stage == 3
+    # reduce_dtype fp32: low-precision gathers halve the bytes, but summing gradients
+    # over ranks in bf16 would lose the small ones.
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None
+    )
     layers = getattr(model, "layers", None)
     blocks: Iterable[nn.Module] = layers.values() if isinstance(layers, nn.ModuleDict) else ()
     for block in blocks:
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
     # The root holds embeddings, final norm and output head; FSDP2 keeps the root's
     # parameters gathered between forward and backward anyway.
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
-    log.info("applied FSDP2 (zero-%d) over dp=%d", zero_stage, dp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy)
+    log.info(
+        "applied FSDP2 (zero-%d) over dp=%d%s",
+        zero_stage,
+        dp,
+        f", gathering {param_dtype} parameters" if param_dtype else "",
+    )
     return model

@@ -127,19 +127,27 @@ class Transformer(nn.Module):
         # Not persistent: derived from the args, so never part of a checkpoint.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        # Built under `torch.device("meta")` the model has no storage yet: the engine
+        # allocates and fills only this rank's shards later (workers/engine/initialise.py).
+        if not cos.is_meta:
+            self.init_weights()
+
+    def reset_buffers(self) -> None:
+        """Recompute the rotary tables in place (after `to_empty` left them garbage)."""
+        cos, sin = rope_tables(self.args.head_dim, self.args.seq_len, self.args.rope_theta)
+        self.get_buffer("rope_cos").copy_(cos)
+        self.get_buffer("rope_sin").copy_(sin)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """GPT-2 style init: N(0, 0.02), residual outputs scaled down by depth."""
-        residual_std = 0.02 / (2 * self.args.n_layers) ** 0.5
+    def init_weights(self, seed: int = 0) -> None:
+        """The weights the engine gives a job seeded `seed`, in one piece (see
+        workers/engine/initialise.py: each parameter from its own seeded generator)."""
+        # Imported here: initialise builds on this module.
+        from workers.engine.initialise import random_parameters
+
+        draw = random_parameters(seed=seed, n_layers=self.args.n_layers)
         for name, p in self.named_parameters():
-            if p.dim() == 1:
-                nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=residual_std)
-            else:
-                nn.init.normal_(p, std=0.02)
+            p.copy_(draw(name, p.shape, p.device))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) of ids -> logits (batch, seq, vocab).

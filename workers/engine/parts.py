@@ -1,7 +1,9 @@
 """Building the model a rank trains: its pipeline stage(s), each parallelised from outside.
 
-The order is torchtitan's: cut into pipeline stages, then tensor parallel, then activation
-checkpointing, then data parallel / ZeRO, applied to each stage this rank holds.
+The order is torchtitan's: build on the meta device, cut into pipeline stages, then tensor
+parallel, then activation checkpointing, then torch.compile per block, then data parallel /
+ZeRO, applied to each stage this rank holds; weights are allocated and drawn last, for this
+rank's shards only.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
+from workers.engine.compiling import apply_compile
 from workers.engine.data_parallel import apply_data_parallel
+from workers.engine.initialise import materialise, parameter_source
 from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
 from workers.engine.parallel import ParallelDims
 from workers.engine.pipeline import split_model
 from workers.engine.tensor_parallel import apply_tensor_parallel
-from workers.spec import JobSpec
+from workers.spec import JobSpec, Precision
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +56,19 @@ class ModelParts:
 def build_model_parts(
     spec: JobSpec, *, dims: ParallelDims, mesh: DeviceMesh, device: torch.device
 ) -> ModelParts:
-    # Same seed on every rank: identical initial weights without a broadcast, and every
-    # layout starts from the same model as one process would.
+    """This rank's part of the model, parallelised, with its initial weights.
+
+    The model is built on the meta device (no storage), cut and sharded there, and only
+    then are this rank's shards allocated and filled, so no rank ever holds it whole.
+    """
+    # Weights come from per-parameter generators (initialise.py); the global seed still
+    # fixes anything else drawn while building.
     torch.manual_seed(spec.train.seed)
     args = ModelArgs.from_resolved(spec.model.resolved())
-    whole = Transformer(args)
+    with torch.device("meta"):
+        whole = Transformer(args)
     flops = flops_per_token(args, count_params(whole, exclude_embedding=True))
+    source = parameter_source(spec, args)
     virtual = spec.parallel.pp_virtual_stages
     if dims.pp > 1:
         pieces = split_model(
@@ -66,22 +77,39 @@ def build_model_parts(
         del whole
     else:
         pieces = [(0, whole)]
+    zero = dims.effective_zero_stage
+    # FSDP shards meta parameters, so they are materialised after it (only the shards);
+    # DDP needs real ones to wrap, and replicates them anyway.
+    sharded = dims.dp > 1 and zero >= 2
     modules = []
     for _, piece in pieces:
-        piece.to(device)
         if dims.tp > 1:
             apply_tensor_parallel(
                 piece, tp_mesh=mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
             )
         apply_activation_checkpointing(piece, mode=spec.train.activation_checkpointing)
-        modules.append(
-            apply_data_parallel(
-                piece,
-                dp_mesh=mesh["dp"],
-                zero_stage=dims.effective_zero_stage,
-                device=device,
-                sync_after_backward=dims.syncs_grads_after_backward,
-            )
+        if spec.train.compile:
+            apply_compile(piece)
+        if not sharded:
+            materialise(piece, source=source, device=device)
+        module = apply_data_parallel(
+            piece,
+            dp_mesh=mesh["dp"],
+            zero_stage=zero,
+            device=device,
+            sync_after_backward=dims.syncs_grads_after_backward,
+            param_dtype=fsdp_param_dtype(spec),
         )
+        if sharded:
+            materialise(piece, source=source, device=device)
+        modules.append(module)
     num_stages = dims.pp * virtual if dims.pp > 1 else 1
     return ModelParts(modules, [s for s, _ in pieces], num_stages, flops)
+
+
+def fsdp_param_dtype(spec: JobSpec) -> torch.dtype | None:
+    """bf16 for FSDP's gathered parameters in a bf16 job (half the all-gather bytes; the
+    shards, gradients and their reduction stay fp32), unless the spec turns it off."""
+    if spec.precision == Precision.bf16 and spec.parallel.fsdp_mixed_precision:
+        return torch.bfloat16
+    return None

@@ -89,6 +89,7 @@ class Trainer:
             lr=tr.lr,
             weight_decay=tr.weight_decay,
             device=device,
+            fused=tr.fused_optimizer,
         )
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
         self.pipeline = None

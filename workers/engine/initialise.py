@@ -1,0 +1,99 @@
+"""Giving a model built on the meta device its weights: each rank fills only what it holds.
+
+A parameter's full value depends on (seed, its model name) alone: it is drawn from a
+generator seeded by both, one parameter at a time, and the rank keeps its slice (DTensor
+placements say which). So every layout, however it is cut into pipeline stages and sharded
+over tp and dp, starts from exactly the weights one process would, and a rank never holds
+more than its shards plus the one parameter being drawn.
+
+`parameter_source` is the one place that decides where initial weights come from; a
+loader for `model.init_from` returns its own `ParameterSource` there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from workers.engine.model import ModelArgs, Transformer
+from workers.engine.optimizer import model_name
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# (model name, full shape, device) -> the parameter's full fp32 value on that device.
+ParameterSource = Callable[[str, torch.Size, torch.device], torch.Tensor]
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed for one parameter of a job seeded `seed`."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def init_std(name: str, n_layers: int) -> float | None:
+    """GPT-2 style: N(0, 0.02), residual outputs scaled down by depth; None for norm
+    gains, which start at one."""
+    if name.endswith(("wo.weight", "w2.weight")):
+        return 0.02 / (2 * n_layers) ** 0.5
+    if name.endswith("norm.weight"):
+        return None
+    return 0.02
+
+
+def random_parameters(*, seed: int, n_layers: int) -> ParameterSource:
+    """Random initial weights, the same for a name whatever the layout."""
+
+    def draw(name: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        std = init_std(name, n_layers)
+        if std is None:
+            return torch.ones(shape, device=device)
+        generator = torch.Generator(device=device).manual_seed(parameter_seed(seed, name))
+        return torch.empty(shape, device=device).normal_(std=std, generator=generator)
+
+    return draw
+
+
+def parameter_source(spec: JobSpec, args: ModelArgs) -> ParameterSource:
+    """Where this job's initial weights come from (random here; `model.init_from` plugs
+    its loader in at this point)."""
+    return random_parameters(seed=spec.train.seed, n_layers=args.n_layers)
+
+
+@torch.no_grad()
+def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of `full` into `param` (plain, or a DTensor shard)."""
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank cuts its own slice from its own copy, no
+        # communication; the placements (FSDP's and tp's, strided or not) say where.
+        mine = distribute_tensor(
+            full, param.device_mesh, param.placements, src_data_rank=None
+        ).to_local()
+        param.to_local().copy_(mine)
+    else:
+        param.copy_(full)
+
+
+@torch.no_grad()
+def materialise(module: nn.Module, *, source: ParameterSource, device: torch.device) -> None:
+    """Allocate `module`'s (meta) parameters on `device` and fill them from `source`."""
+    module.to_empty(device=device)
+    if isinstance(module, Transformer):
+        module.reset_buffers()
+    count = 0
+    for name, param in module.named_parameters():
+        full = source(model_name(name), param.shape, device)
+        if full.shape != param.shape:
+            raise ValueError(
+                f"initial value of {model_name(name)} has shape {tuple(full.shape)}, "
+                f"the model's is {tuple(param.shape)}"
+            )
+        fill_parameter(param, full.to(param.dtype))
+        del full  # at most one full parameter alive at a time
+        count += 1
+    log.info("materialised %d parameters on %s", count, device)
