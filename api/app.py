@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
-from api.routes import jobs, system
+from api.routes import export, jobs, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry
@@ -58,6 +58,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.middleware("http")(app.state.telemetry.middleware)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)
+    app.include_router(export.router)
     app.include_router(system.router)
     install_openapi(app)
     install_docs(app)
