@@ -133,8 +133,10 @@ class ModelSpec(_Strict):
         out["ffn_dim"] = self.ffn_dim or ffn_hidden_dim(
             out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of
         )
-        out["norm_eps"] = 1e-5 if self.norm_eps is None else self.norm_eps
-        out["rope_theta"] = 10000.0 if self.rope_theta is None else self.rope_theta
+        # Only where given (init_from): otherwise ModelArgs' defaults apply.
+        for name in ("norm_eps", "rope_theta"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
     def parameter_count(self) -> int:

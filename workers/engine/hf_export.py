@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,10 @@ def read_model_state(ckpt: CommittedCheckpoint) -> dict[str, torch.Tensor]:
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(meta, "size"):
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():
+        # DCP warns that no process group exists: reading in one process is the intent.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return {key.removeprefix("model."): value for key, value in state.items()}
 
 
@@ -151,6 +155,8 @@ def export_checkpoint(
     summary (step, files, bytes)."""
     access = access or DataAccess.from_env()
     ckpt = open_checkpoint(path)
+    if "spec" not in ckpt.manifest:
+        raise ExportError(f"checkpoint {path} has no job spec in its manifest")
     spec = JobSpec.model_validate(ckpt.manifest["spec"])
     resolved = spec.model.resolved()
     args = ModelArgs.from_resolved(resolved)
