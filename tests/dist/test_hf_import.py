@@ -4,6 +4,8 @@ very same tensors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,6 @@ from workers.checkpoint_store import CheckpointStore
 from workers.engine.checkpoint import CheckpointPlan
 from workers.engine.data_access import DataAccess
 from workers.engine.dtensor import plain
-from workers.engine.hf_export import export_checkpoint
 from workers.engine.trainer import Trainer
 from workers.hf_config import resolve_init_from
 from workers.spec import JobSpec
@@ -103,7 +104,15 @@ def test_import_gives_transformers_logits_and_exports_the_same_tensors(
 
     ckpt = CheckpointStore(str(checkpoints)).find(0)
     assert ckpt is not None
-    export_checkpoint(ckpt.path, tmp_path / "out")
+    # `shardline export CHECKPOINT OUT_DIR`, as a user runs it.
+    shardline = str(Path(sys.executable).parent / "shardline")
+    done = subprocess.run(
+        [shardline, "export", ckpt.path, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
     exported = load_file(str(tmp_path / "out" / "model.safetensors"))
     original: dict[str, torch.Tensor] = {}
     for part in folder.glob("*.safetensors"):

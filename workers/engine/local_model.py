@@ -13,7 +13,7 @@ import torch
 from workers.checkpoint_store import MANIFEST
 from workers.engine.hf_export import open_checkpoint, read_model_state
 from workers.engine.hf_weights import load_init_from
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.model import ModelArgs, Transformer, rope_tables
 from workers.hf_config import CONFIG, TOKENIZER, shape_from_config
 from workers.spec import JobSpec
 
@@ -60,7 +60,13 @@ def _empty_model(args: ModelArgs, device: torch.device) -> Transformer:
     # the random init would be wasted work on a large model.
     with torch.device("meta"):
         model = Transformer(args)
-    return model.to_empty(device=device)
+    model.to_empty(device=device)
+    # Buffers are not in any checkpoint: compute the rotary tables again.
+    cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta)
+    with torch.no_grad():
+        model.get_buffer("rope_cos").copy_(cos)
+        model.get_buffer("rope_sin").copy_(sin)
+    return model
 
 
 def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
