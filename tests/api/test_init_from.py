@@ -102,8 +102,12 @@ def test_a_folder_outside_the_data_roots_is_refused(
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
     client = user_client()
     assert refused_field(client, {"model": {"init_from": str(tmp_path)}}) == "model.init_from"
+    # The state dir (admin token, database) is never data, even named as a model folder.
     state = backend.server.settings.state_dir
-    assert refused_field(client, {"model": {"init_from": str(state)}}) == "model.init_from"
+    with pytest.raises(InvalidRequest) as caught:
+        client.submit({"name": "x", "model": {"init_from": str(state)}})
+    assert caught.value.details[0]["field"] == "model.init_from"
+    assert "never data" in caught.value.message
 
 
 def test_a_symlinked_config_json_outside_the_roots_is_refused(
