@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.hf_models import save_random_llama
+from workers.engine.data_access import ROOTS_ENV, DataAccessDenied
 from workers.engine.generate import Sampling, generate
 from workers.engine.hf_export import write_safetensors
 from workers.engine.hf_weights import (
@@ -145,3 +146,23 @@ def test_eos_stops_generation(tmp_path: Path) -> None:
     stop_at = greedy[3]
     stopped = generate(ours, [1, 2, 3], max_new_tokens=10, eos_token_id=stop_at)
     assert stopped == greedy[: greedy.index(stop_at) + 1]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["one-file", "indexed"])
+def test_weights_symlinked_from_outside_the_data_roots_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sharded: bool
+) -> None:
+    outside, root = tmp_path / "outside", tmp_path / "root"
+    save_random_llama(outside, max_shard_size="40KB" if sharded else "5GB")
+    (root / "llama").mkdir(parents=True)
+    for path in outside.iterdir():
+        target = root / "llama" / path.name
+        if path.suffix == ".safetensors":
+            target.symlink_to(path)  # the weights point out of the roots
+        else:
+            target.write_bytes(path.read_bytes())
+    monkeypatch.setenv(ROOTS_ENV, str(root))
+    config = json.loads((root / "llama" / "config.json").read_text())
+    args = ModelArgs(seq_len=64, **shape_from_config(config))
+    with pytest.raises(DataAccessDenied, match="outside the data roots"):
+        load_init_from([Transformer(args)], root / "llama", args)
