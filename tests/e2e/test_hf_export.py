@@ -114,3 +114,28 @@ def test_init_from_train_export_load_and_generate(service: ServiceFactory, tmp_p
         "generate", str(out), "--prompt", prompt, "--max-new-tokens", "5", env=dict(os.environ)
     )
     assert text.returncode == 0 and text.stdout.startswith(prompt), text.stderr
+
+
+def test_weights_swapped_out_of_the_data_roots_after_submit_fail_the_job(
+    service: ServiceFactory, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path / "llama"
+    save_random_llama(folder)
+    outside = tmp_path_factory.mktemp("outside") / "model.safetensors"
+    body = {
+        "name": "swapped",
+        "model": {"init_from": str(folder), "seq_len": 32},
+        "train": {"steps": 2, "global_batch_size": 2, "micro_batch_size": 1},
+        "fault_tolerance": {"max_failures": 2},
+    }
+    with service() as svc, svc.running() as server, svc.client(server) as client:
+        job = client.submit(body)
+        # Accepted at submit; then the weights become a symlink out of the data roots,
+        # before the workers have started (they take seconds to).
+        (folder / "model.safetensors").rename(outside)
+        (folder / "model.safetensors").symlink_to(outside)
+        ended = client.wait(job["id"], timeout=300)
+    assert ended["state"] == "FAILED", ended
+    reason = ended["failure_reason"]
+    assert "model.init_from" in reason and "outside the data roots" in reason, reason
+    assert str(tmp_path) not in reason.replace(str(folder), "")  # no server roots shown
