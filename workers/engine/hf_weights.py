@@ -111,18 +111,19 @@ def to_hf_state(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, to
 # -- import: fill each rank's shards from the safetensors files ----------------------------
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
+def _weight_files(folder: Path, access: DataAccess) -> dict[str, Path]:
     """Hugging Face tensor name -> the safetensors file that holds it."""
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        with access.open(index, "model.init_from") as handle:
+            weight_map = json.loads(handle.read().decode("utf-8"))["weight_map"]
         return {name: folder / file for name, file in weight_map.items()}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model.init_from: {folder} holds no *.safetensors weights")
     found: dict[str, Path] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
+        with _checked(path, access) as checked, safe_open(checked, framework="pt") as handle:
             found.update(dict.fromkeys(handle.keys(), path))
     return found
 
@@ -177,7 +178,7 @@ def load_init_from(modules: list[nn.Module], folder: Path, args: ModelArgs) -> N
                 f"model has {getattr(args, field)}; the folder changed after the job was "
                 "submitted"
             )
-    files = _weight_files(folder)
+    files = _weight_files(folder, access)
     tied = "lm_head.weight" not in files and bool(config.get("tie_word_embeddings", True))
     handles: dict[Path, Any] = {}
     loaded = 0
