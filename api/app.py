@@ -12,7 +12,7 @@ from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.rate_limit import TokenBuckets
-from api.routes import faults, jobs, system
+from api.routes import export, faults, jobs, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -63,6 +63,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(jobs.router)
     app.include_router(faults.router)
+    app.include_router(export.router)
     app.include_router(system.router)
     install_openapi(app)
     install_docs(app)

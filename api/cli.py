@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.commands import demo, jobs, migrate, pausing, serve, train
+from api.commands import demo, hf, jobs, migrate, pausing, serve, train
 from api.commands.tokens import tokens_app
 
 app = typer.Typer(
@@ -29,6 +29,8 @@ app.command()(jobs.metrics)
 app.command()(pausing.pause)
 app.command()(pausing.resume)
 app.command()(pausing.checkpoints)
+app.command()(hf.export)
+app.command()(hf.generate)
 app.add_typer(tokens_app, name="token")
 
 

@@ -178,6 +178,22 @@ class Client:
                 self._raise_for(response)
             yield from response.iter_lines()
 
+    def export(self, job_id: str, dest: str | Path, step: int | None = None) -> Path:
+        """Download a checkpoint (`step`, or the newest) as a zipped Hugging Face folder."""
+        params = {"step": step} if step is not None else {}
+        # The server converts before it answers: no read timeout for a big model.
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/export", params=params, timeout=timeout
+        ) as response:
+            if not response.is_success:
+                response.read()
+                self._raise_for(response)
+            with Path(dest).open("wb") as out:
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+        return Path(dest)
+
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
 

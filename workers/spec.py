@@ -32,6 +32,8 @@ MAX_PARAMETERS = 4 * 10**12
 # Tokens in one micro-batch (activations scale with it) and in one optimizer step.
 MAX_MICRO_BATCH_TOKENS = 1 << 22
 MAX_GLOBAL_BATCH_TOKENS = 1 << 30
+# data.tokenizer's value for "the tokenizer.json beside model.init_from".
+INIT_FROM = "init_from"
 
 
 class _Strict(BaseModel):
@@ -91,6 +93,13 @@ class ModelSpec(_Strict):
     n_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
     vocab_size: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
     seq_len: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
+    # Shape details a Hugging Face config.json carries (None: the preset's rule/defaults).
+    ffn_dim: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    norm_eps: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    rope_theta: Annotated[float, Field(gt=0.0, le=1e12)] | None = None
+    # A Hugging Face Llama folder (config.json + *.safetensors) to start from; the shape
+    # is read from its config.json (workers/hf_config.py) when the job is submitted.
+    init_from: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -121,7 +130,13 @@ class ModelSpec(_Strict):
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"):
             value = getattr(self, name)
             out[name] = getattr(preset, name) if value is None else value
-        out["ffn_dim"] = ffn_hidden_dim(out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of)
+        out["ffn_dim"] = self.ffn_dim or ffn_hidden_dim(
+            out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of
+        )
+        # Only where given (init_from): otherwise ModelArgs' defaults apply.
+        for name in ("norm_eps", "rope_theta"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
     def parameter_count(self) -> int:
@@ -333,6 +348,15 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"model.vocab_size={m['vocab_size']} is too small for data.tokenizer='byte'; "
                 "it needs at least 256"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_init_from(self) -> Self:
+        if self.data.tokenizer == INIT_FROM and self.model.init_from is None:
+            raise ValueError(
+                "data.tokenizer='init_from' needs model.init_from (the folder whose "
+                "tokenizer.json to use); set it or name a tokenizer file"
             )
         return self
 

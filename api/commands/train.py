@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from api.commands.common import fail, read_spec, step_progress
+from api.commands.hf import resolve_local_init_from
 
 
 def train(
@@ -54,7 +55,7 @@ def train(
         train_under_torchrun,
     )
 
-    spec = read_spec(spec_path)
+    spec = resolve_local_init_from(read_spec(spec_path))
     if resume and not checkpoint_dir:
         raise fail(["--resume needs --checkpoint-dir (the folder to continue from)"])
     local = LocalCheckpoints(checkpoint_dir, resume, stop_after_step)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError, validation_failed
+from api.init_from import resolve_spec_init_from
 from api.log_stream import follow_response
 from api.openapi import JOB_SPEC_REF, error_responses
 from api.schemas import (
@@ -34,7 +35,7 @@ from service.store import JobStore
 from workers.checkpoint_store import CheckpointStore
 from workers.engine.data_access import DataAccess
 from workers.lifecycle import JobState
-from workers.spec import JobSpec
+from workers.spec import INIT_FROM, JobSpec
 from workers.storage import JobStorage
 
 router = APIRouter(
@@ -92,8 +93,12 @@ def check_data_path(spec: JobSpec, settings: Settings) -> None:
     own state (admin token, database) or storage. The worker checks every file again when
     it opens it; this answers early. Messages never show the server's absolute roots."""
     access = DataAccess.of(settings.data_roots, settings.private_dirs)
-    for field, value in (("data.path", spec.data.path), ("data.tokenizer", spec.data.tokenizer)):
-        if value is None or (field == "data.tokenizer" and value == "byte"):
+    for field, value in (
+        ("data.path", spec.data.path),
+        ("data.tokenizer", spec.data.tokenizer),
+        ("model.init_from", spec.model.init_from),
+    ):
+        if value is None or (field == "data.tokenizer" and value in ("byte", INIT_FROM)):
             continue
         reason = _path_refusal(Path(value), access)
         if reason is not None:
@@ -164,15 +169,16 @@ async def submit_job(
 
     def admit() -> tuple[Job, bool]:
         check_data_path(spec, settings)
-        check_resume_from(spec, user, store, settings)
-        refusal = runtime.refusal(spec) or never_fits_quota(
-            job_demand(spec), resource_limits(settings)
+        resolved = resolve_spec_init_from(spec, settings)
+        check_resume_from(resolved, user, store, settings)
+        refusal = runtime.refusal(resolved) or never_fits_quota(
+            job_demand(resolved), resource_limits(settings)
         )
         if refusal is not None:
             raise ApiError(422, "does_not_fit", refusal)
         quotas: UserQuotas = request.app.state.quotas
         return quotas.submit(
-            user, idempotency_key, lambda: store.create(user, spec, idempotency_key)
+            user, idempotency_key, lambda: store.create(user, resolved, idempotency_key)
         )
 
     # The cluster query and the database are blocking calls: run them in a worker thread

@@ -14,6 +14,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +29,9 @@ from workers.engine.data import build_loader
 from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
+from workers.engine.hf_weights import load_init_from
 from workers.engine.loss import cross_entropy, loss_context
+from workers.engine.model import ModelArgs
 from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.optimizer import Optimizers
 from workers.engine.parallel import ParallelDims
@@ -79,6 +82,11 @@ class Trainer:
         tr = spec.train
 
         self.parts = build_model_parts(spec, dims=self.dims, mesh=mesh, device=device)
+        if spec.model.init_from is not None:
+            # Each rank's own shards, before the optimizer copies anything and before a
+            # checkpoint (of this job, so newer) is restored over them.
+            args = ModelArgs.from_resolved(spec.model.resolved())
+            load_init_from(self.parts.modules, Path(spec.model.init_from), args)
         self.tokens_per_step = tr.global_batch_size * spec.model.resolved()["seq_len"]
         state_mesh = mesh["dp", "tp"] if self.dims.tp > 1 else self.dp_mesh
         self.optimizers = Optimizers(

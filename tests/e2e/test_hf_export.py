@@ -1,0 +1,141 @@
+"""Hugging Face in and out through the whole service: a job starts from a Llama folder
+(`model.init_from`), trains on real Ray, and its checkpoint is exported through the API;
+transformers loads the export with no custom code and computes what Shardline computes,
+and `shardline generate` decodes greedily what transformers' `generate` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.e2e.conftest import Service, wait_for
+from tests.support.hf_models import save_random_llama
+from workers.engine.data import build_loader
+from workers.engine.local_model import load_local_model
+from workers.spec import JobSpec
+
+transformers = pytest.importorskip("transformers")
+
+ServiceFactory = Callable[..., AbstractContextManager[Service]]
+SHARDLINE = str(Path(sys.executable).parent / "shardline")
+STEPS = 30
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHARDLINE, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def first_batch_loss(model: torch.nn.Module, spec: JobSpec) -> float:
+    """Loss of a transformers model on step 1's global batch (which depends only on the
+    seed and the step, not on the layout)."""
+    rows = build_loader(spec, dp_rank=0, dp_size=1).train_batch(1)
+    with torch.no_grad():
+        logits = model(rows[:, :-1]).logits
+    return float(F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten()))
+
+
+def test_init_from_train_export_load_and_generate(service: ServiceFactory, tmp_path: Path) -> None:
+    start = save_random_llama(tmp_path / "llama", seed=4)
+    body = {
+        "name": "hf-roundtrip",
+        "model": {"init_from": str(tmp_path / "llama"), "seq_len": 32},
+        "parallel": {"tp": 2},
+        "train": {
+            "steps": STEPS,
+            "global_batch_size": 4,
+            "micro_batch_size": 1,
+            "lr": 3e-3,
+            "log_every": 1,
+            "seed": 3,
+        },
+    }
+    with service() as svc, svc.running() as server, svc.client(server) as client:
+        job = client.submit(body)
+        spec = JobSpec.model_validate(job["spec"])
+        assert spec.model.resolved()["dim"] == 64  # from config.json, not the preset
+        wait_for(client, job["id"], lambda j: j["state"] == "SUCCEEDED", timeout=600)
+        # The workers started from the Hugging Face weights: step 1's loss is theirs.
+        step_one = client.metrics(job["id"])[0]
+        assert step_one["step"] == 1
+        assert step_one["loss"] == pytest.approx(first_batch_loss(start, spec), rel=1e-4)
+
+        env = {**os.environ, "SHARDLINE_URL": server.url, "SHARDLINE_TOKEN": svc.token}
+        out = tmp_path / "exported"
+        done = cli("export", "--job", job["id"], str(out), env=env)
+        assert done.returncode == 0, done.stderr
+        checkpoint = Path(client.checkpoints(job["id"])[0]["path"])
+
+    assert {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+    ours = load_local_model(checkpoint, torch.device("cpu")).model.eval()
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        gap = (exported(tokens).logits - ours(tokens)).abs().max()
+    assert float(gap) < 1e-4
+    # Training moved the weights away from where they started.
+    with torch.no_grad():
+        assert float((start(tokens).logits - ours(tokens)).abs().max()) > 1e-2
+
+    prompt = "Shardline "
+    for model_path in (out, checkpoint):
+        generated = cli(
+            "generate",
+            str(model_path),
+            "--prompt",
+            prompt,
+            "--greedy",
+            "--max-new-tokens",
+            "20",
+            "--ids",
+            env=dict(os.environ),
+        )
+        assert generated.returncode == 0, generated.stderr
+        ids = json.loads(generated.stdout)
+        assert ids["prompt_ids"] == list(prompt.encode())
+        with torch.no_grad():
+            expected = exported.generate(
+                torch.tensor([ids["prompt_ids"]]),
+                max_new_tokens=20,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
+        assert ids["new_ids"] == expected, model_path
+    text = cli(
+        "generate", str(out), "--prompt", prompt, "--max-new-tokens", "5", env=dict(os.environ)
+    )
+    assert text.returncode == 0 and text.stdout.startswith(prompt), text.stderr
+
+
+def test_weights_swapped_out_of_the_data_roots_after_submit_fail_the_job(
+    service: ServiceFactory, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path / "llama"
+    save_random_llama(folder)
+    outside = tmp_path_factory.mktemp("outside") / "model.safetensors"
+    body = {
+        "name": "swapped",
+        "model": {"init_from": str(folder), "seq_len": 32},
+        "train": {"steps": 2, "global_batch_size": 2, "micro_batch_size": 1},
+        "fault_tolerance": {"max_failures": 2},
+    }
+    with service() as svc, svc.running() as server, svc.client(server) as client:
+        job = client.submit(body)
+        # Accepted at submit; then the weights become a symlink out of the data roots,
+        # before the workers have started (they take seconds to).
+        (folder / "model.safetensors").rename(outside)
+        (folder / "model.safetensors").symlink_to(outside)
+        ended = client.wait(job["id"], timeout=300)
+    assert ended["state"] == "FAILED", ended
+    reason = ended["failure_reason"]
+    assert "model.init_from" in reason and "outside the data roots" in reason, reason
+    assert str(tmp_path) not in reason.replace(str(folder), "")  # no server roots shown

@@ -1,0 +1,199 @@
+"""A committed checkpoint -> a Hugging Face Llama folder, in one process.
+
+Reads only the `model.*` tensors of the torch.distributed.checkpoint folder (whatever
+layout wrote it: DCP assembles whole tensors from every rank's shards), converts names and
+the rotary order (workers/engine/hf_weights.py) and writes `config.json`,
+`model.safetensors` (or numbered shards with `model.safetensors.index.json` above
+`max_shard_bytes`) and the job's tokenizer files, so that
+`transformers.AutoModelForCausalLM.from_pretrained(folder)` loads it with no custom code.
+
+Run as `python -m workers.engine.hf_export CHECKPOINT OUT_DIR` by the API, which must not
+import torch itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+
+from workers.checkpoint_store import MANIFEST, CheckpointStore, CommittedCheckpoint
+from workers.engine.checkpoint import _reader
+from workers.engine.data_access import DataAccess
+from workers.engine.hf_weights import to_hf_state
+from workers.engine.model import ModelArgs
+from workers.hf_config import CONFIG, SAFETENSORS_INDEX, TOKENIZER, llama_config, read_config
+from workers.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# transformers' own default shard size for save_pretrained.
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+# Tokenizer files copied from beside the job's tokenizer.json, where they exist.
+_TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+class ExportError(ValueError):
+    """A checkpoint that cannot be exported; the message says which and why."""
+
+
+def open_checkpoint(path: str) -> CommittedCheckpoint:
+    """The committed, verified checkpoint at `path` (a `step-<n>` folder)."""
+    if "://" not in path:
+        path = str(Path(path).resolve())
+    parent, _, name = path.rstrip("/").rpartition("/")
+    store = CheckpointStore(parent or ".")
+    ckpt = next((c for c in store.committed() if c.path.rstrip("/").endswith(name)), None)
+    if ckpt is None:
+        raise ExportError(f"{path} is not a committed checkpoint (no {MANIFEST} in it)")
+    problem = store.verify(ckpt, sorted(ckpt.manifest["files"]))
+    if problem is not None:
+        raise ExportError(f"checkpoint {path} is damaged: {problem}")
+    return ckpt
+
+
+def read_model_state(ckpt: CommittedCheckpoint) -> dict[str, torch.Tensor]:
+    """Whole `model.*` tensors of a checkpoint, by the model's own names, in one process."""
+    store = CheckpointStore(ckpt.path.rpartition("/")[0] or ".")
+    reader = _reader(store, ckpt.path)
+    metadata = reader.read_metadata()
+    state: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and hasattr(meta, "size"):
+            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+    with warnings.catch_warnings():
+        # DCP warns that no process group exists: reading in one process is the intent.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return {key.removeprefix("model."): value for key, value in state.items()}
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Tensors in save order, cut into groups of at most `max_bytes` (a bigger tensor
+    gets a group of its own)."""
+    groups: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor
+        size += nbytes
+    return groups
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], out: Path, max_bytes: int) -> list[str]:
+    """`model.safetensors`, or numbered shards and an index; returns the files written."""
+    groups = _shards(tensors, max_bytes)
+    if len(groups) == 1:
+        save_file(groups[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    weight_map: dict[str, str] = {}
+    for name, group in zip(names, groups, strict=True):
+        save_file(group, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(group, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
+    return [*names, SAFETENSORS_INDEX]
+
+
+def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int | None]:
+    """bos and eos ids from the config.json the job started from, where it had one."""
+    if spec.model.init_from is None:
+        return None, None
+    try:
+        config = read_config(Path(spec.model.init_from), access)
+    except (ValueError, OSError):
+        log.warning("cannot read %s/%s; exporting without bos/eos", spec.model.init_from, CONFIG)
+        return None, None
+    bos, eos = config.get("bos_token_id"), config.get("eos_token_id")
+    return (bos if isinstance(bos, int) else None), (eos if isinstance(eos, int) else None)
+
+
+def write_tokenizer(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
+    """Copy the job's tokenizer.json (and its config files beside it); none for 'byte'."""
+    if spec.data.tokenizer == "byte":
+        return []
+    source = Path(spec.data.tokenizer)
+    written = []
+    with access.open(source, "data.tokenizer") as handle:
+        (out / TOKENIZER).write_bytes(handle.read())
+    written.append(TOKENIZER)
+    for name in _TOKENIZER_SIDE_FILES:
+        side = source.parent / name
+        if side.is_file():
+            with access.open(side, "data.tokenizer") as handle:
+                (out / name).write_bytes(handle.read())
+            written.append(name)
+    if "tokenizer_config.json" not in written:
+        # What AutoTokenizer needs to wrap a bare tokenizer.json.
+        side_config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        (out / "tokenizer_config.json").write_text(json.dumps(side_config), encoding="utf-8")
+        written.append("tokenizer_config.json")
+    return written
+
+
+def export_checkpoint(
+    path: str,
+    out: Path,
+    *,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    access: DataAccess | None = None,
+) -> dict[str, Any]:
+    """Write the Hugging Face folder of the checkpoint at `path` into `out`; returns a
+    summary (step, files, bytes)."""
+    access = access or DataAccess.from_env()
+    ckpt = open_checkpoint(path)
+    if "spec" not in ckpt.manifest:
+        raise ExportError(f"checkpoint {path} has no job spec in its manifest")
+    spec = JobSpec.model_validate(ckpt.manifest["spec"])
+    resolved = spec.model.resolved()
+    args = ModelArgs.from_resolved(resolved)
+    tensors = to_hf_state(read_model_state(ckpt), args)
+    out.mkdir(parents=True, exist_ok=True)
+    bos, eos = _special_tokens(spec, access)
+    config = llama_config(resolved, bos_token_id=bos, eos_token_id=eos)
+    # Read by `shardline generate`; transformers keeps unknown keys as plain attributes.
+    config["shardline"] = {
+        "tokenizer": "byte" if spec.data.tokenizer == "byte" else TOKENIZER,
+        "job": spec.name,
+        "step": ckpt.step,
+    }
+    (out / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+    files = [CONFIG, *write_safetensors(tensors, out, max_shard_bytes)]
+    files += write_tokenizer(spec, out, access)
+    total = sum((out / f).stat().st_size for f in files)
+    log.info("exported checkpoint step %d to %s (%d files)", ckpt.step, out, len(files))
+    return {"step": ckpt.step, "files": files, "bytes": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workers.engine.hf_export CHECKPOINT OUT_DIR`: prints the summary as JSON;
+    exit 2 with the reason on stderr for a checkpoint that cannot be exported."""
+    parser = argparse.ArgumentParser(prog="python -m workers.engine.hf_export")
+    parser.add_argument("checkpoint")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
+    ns = parser.parse_args(argv)
+    try:
+        summary = export_checkpoint(ns.checkpoint, ns.out_dir, max_shard_bytes=ns.max_shard_bytes)
+    except (ExportError, PermissionError, FileNotFoundError) as err:
+        sys.stderr.write(f"{err}\n")
+        return 2
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""A trained model on this machine, for `shardline generate`: an exported Hugging Face
+folder or a checkpoint folder, with the text codec that goes with it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from workers.checkpoint_store import MANIFEST
+from workers.engine.hf_export import open_checkpoint, read_model_state
+from workers.engine.hf_weights import load_init_from
+from workers.engine.model import ModelArgs, Transformer, rope_tables
+from workers.hf_config import CONFIG, TOKENIZER, shape_from_config
+from workers.spec import JobSpec
+
+
+class TextCodec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteCodec:
+    """The engine's byte-level tokenizer: ids 0-255 are UTF-8 bytes."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class TokenizerFileCodec:
+    """A Hugging Face tokenizer.json (the `tokenizers` library, no transformers)."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids))
+
+
+@dataclass
+class LocalModel:
+    model: Transformer
+    codec: TextCodec
+    eos_token_id: int | None
+
+
+def _empty_model(args: ModelArgs, device: torch.device) -> Transformer:
+    # Built on the meta device and given storage once: the weights are loaded next, so
+    # the random init would be wasted work on a large model.
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.to_empty(device=device)
+    # Buffers are not in any checkpoint: compute the rotary tables again.
+    cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta)
+    with torch.no_grad():
+        model.get_buffer("rope_cos").copy_(cos)
+        model.get_buffer("rope_sin").copy_(sin)
+    return model
+
+
+def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
+    config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    shape = shape_from_config(config)
+    args = ModelArgs(seq_len=int(config.get("max_position_embeddings", 2048)), **shape)
+    model = _empty_model(args, device)
+    load_init_from([model], folder, args)
+    codec: TextCodec
+    if (folder / TOKENIZER).is_file():
+        codec = TokenizerFileCodec(folder / TOKENIZER)
+    elif args.vocab_size >= 256:
+        codec = ByteCodec()
+    else:
+        raise ValueError(f"{folder} has no {TOKENIZER} and the vocabulary is not byte-level")
+    eos = config.get("eos_token_id")
+    return LocalModel(model, codec, eos if isinstance(eos, int) else None)
+
+
+def _from_checkpoint(path: Path, device: torch.device) -> LocalModel:
+    ckpt = open_checkpoint(str(path))
+    spec = JobSpec.model_validate(ckpt.manifest["spec"])
+    args = ModelArgs.from_resolved(spec.model.resolved())
+    model = _empty_model(args, device)
+    model.load_state_dict(read_model_state(ckpt), strict=True)
+    tokenizer = spec.data.tokenizer
+    codec: TextCodec = ByteCodec() if tokenizer == "byte" else TokenizerFileCodec(Path(tokenizer))
+    return LocalModel(model, codec, None)
+
+
+def load_local_model(path: Path, device: torch.device) -> LocalModel:
+    """An exported Hugging Face folder (config.json) or a committed checkpoint
+    (manifest.json), on `device`, in fp32."""
+    if (path / CONFIG).is_file():
+        return _from_hf_folder(path, device)
+    if (path / MANIFEST).is_file():
+        return _from_checkpoint(path, device)
+    raise FileNotFoundError(
+        f"{path} is neither an exported model ({CONFIG}) nor a checkpoint ({MANIFEST})"
+    )
