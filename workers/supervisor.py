@@ -18,7 +18,9 @@ from typing import Any, Protocol
 from workers.checkpoint_store import RestoreSource
 from workers.failure_policy import FailurePolicy
 from workers.lifecycle import TERMINAL, JobState
+from workers.node_health import NodeHealth, PlacedWorkers
 from workers.progress import EntryKind, ProgressBuffer
+from workers.reservation import ResizableWorkers, reserve_placement
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 from workers.worker import FINISHED, CheckpointTargets, WorkerPhase
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 30.0
-RESERVE_TIMEOUT_S = 600.0
+# How often a shrunk elastic job looks for the capacity to grow back.
+GROW_CHECK_S = 5.0
 JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
 
@@ -87,6 +90,9 @@ class JobSupervisor:
         self.reported_step = recorded_step or 0
         self._front_step = 0  # the furthest step any rank reported
         self._recovery: Recovery | None = None  # from a failure to the next new step
+        self.layout = self.spec  # the layout running now: fewer dp ranks after a re-plan
+        self.health = NodeHealth()
+        self._grow_checked = 0.0
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,7 +163,16 @@ class JobSupervisor:
 
     def _launch(self, verb: str) -> JobState:
         self._replay_logged_metrics()
-        nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
+        placed = reserve_placement(
+            self.workers,
+            self.layout,
+            self.spec.parallel.dp,
+            cancelled=self._cancel.is_set,
+            on_event=self._event,
+        )
+        if placed is None:  # cancelled while waiting for capacity
+            return self._cancel_now()
+        nodes, self.layout = placed
         self._event(
             f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
             nodes=sorted(set(nodes)),
@@ -223,12 +238,14 @@ class JobSupervisor:
         self._collect(statuses)
         failed = [s for s in statuses if s["phase"] == WorkerPhase.FAILED]
         if failed:
+            self._note_bad_nodes([s["rank"] for s in failed if s.get("lost")])
             return self._on_failure(
                 "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
                 deterministic=any(s.get("deterministic") for s in failed),
             )
         hung = self._hung_ranks(statuses)
         if hung:
+            self._note_bad_nodes(hung)
             limit = self.spec.fault_tolerance.hang_timeout_s
             return self._on_failure(f"no progress for {limit:.0f}s on rank(s) {hung}")
         if all(s["phase"] == WorkerPhase.DONE for s in statuses):
@@ -237,7 +254,57 @@ class JobSupervisor:
             self.workers.release()
             self._reason = "training finished"
             return JobState.SUCCEEDED
+        if self._capacity_is_back():
+            return self._grow_back()
         return JobState.RUNNING
+
+    def _note_bad_nodes(self, ranks: list[int]) -> None:
+        """Count a failure on the nodes of `ranks`; a node at its second is left out of
+        the next placement."""
+        if not ranks or not isinstance(self.workers, PlacedWorkers):
+            return
+        for node in self.health.record(self.workers.node_of(ranks)):
+            if self.workers.exclude_nodes({node}):
+                self._event(
+                    f"node {node} left out of this job's next placement: its ranks hung or "
+                    f"died {self.health.failures[node]} times",
+                    node=node,
+                )
+            else:
+                self._event(f"node {node} is failing but is the only one left: kept", node=node)
+
+    def _capacity_is_back(self) -> bool:
+        """A shrunk elastic job, now and then: could the cluster hold its full size?"""
+        if self.layout.parallel.dp >= self.spec.parallel.dp or not isinstance(
+            self.workers, ResizableWorkers
+        ):
+            return False
+        if time.monotonic() - self._grow_checked < GROW_CHECK_S:
+            return False
+        self._grow_checked = time.monotonic()
+        return self.workers.has_room_for(self.spec)
+
+    def _grow_back(self) -> JobState:
+        """Checkpoint, stop, and start again at the full layout (from that checkpoint)."""
+        statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
+        if statuses and all(s["phase"] == WorkerPhase.DONE for s in statuses):
+            summary = next((s["summary"] for s in statuses if s["summary"]), None)
+            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+            self.workers.release()
+            self._reason = "training finished"
+            return JobState.SUCCEEDED
+        self.workers.kill_workers()
+        assert isinstance(self.workers, ResizableWorkers)
+        self._event(
+            f"elastic: capacity is back, growing from dp={self.layout.parallel.dp} to "
+            f"dp={self.spec.parallel.dp} from a checkpoint",
+            dp_from=self.layout.parallel.dp,
+            dp_to=self.spec.parallel.dp,
+        )
+        self.workers.resize(self.spec)
+        self.layout = self.spec
+        self._reason = f"growing back to dp={self.spec.parallel.dp}"
+        return JobState.RESTARTING
 
     def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
         # Joining has its own timeout (JOIN_TIMEOUT_S), and ranks already training wait,

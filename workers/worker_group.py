@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -17,13 +18,21 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
+from workers.snapshots import remove_snapshots, snapshot_dir
 from workers.spec import JobSpec
 from workers.storage import JobStorage
 from workers.worker import CheckpointTargets, WorkerPhase
 
 log = logging.getLogger(__name__)
+
+# Ray labels every node with its id; a placement group can be kept off some nodes by it.
+NODE_ID_LABEL = "ray.io/node-id"
+CLEANUP_TIMEOUT_S = 30.0
 
 
 def bundle_resources(spec: JobSpec) -> dict[str, float]:
@@ -47,6 +56,7 @@ def dead_status(rank: int, error: str) -> dict[str, Any]:
         "last_progress": time.time(),
         "error": error,
         "deterministic": False,
+        "lost": True,  # the rank itself died or hung (not a peer's error it saw)
         "metrics": [],
         "events": [],
         "checkpoints": [],
@@ -66,20 +76,81 @@ class WorkerGroup:
         self.pg: PlacementGroup | None = None
         self.actors: list[Any] = []
         self.attempt = 0  # in worker names, so a restart never waits for old names to free
+        self.node_of_rank: list[str] = []
+        self.excluded_nodes: set[str] = set()  # bad nodes: kept out of the next placement
+        self._snapshot_nodes: set[str] = set()  # nodes that may hold this job's snapshots
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
         if self.pg is None:
+            selector = (
+                [{NODE_ID_LABEL: f"!in({','.join(sorted(self.excluded_nodes))})"}] * self.world_size
+                if self.excluded_nodes
+                else None
+            )
             self.pg = placement_group(
                 [bundle_resources(self.spec)] * self.world_size,
                 strategy="PACK",
                 name=placement_group_name(self.job_id),
+                bundle_label_selector=selector,
             )
         ray.get(self.pg.ready(), timeout=timeout_s)
         nodes = placement_group_table(self.pg)["bundles_to_node_id"]
         # Rank r uses bundle self.bundle_of_rank[r]: bundles sorted by node, then index.
         self.bundle_of_rank = sorted(range(self.world_size), key=lambda b: (nodes[b], b))
-        return [nodes[b] for b in self.bundle_of_rank]
+        self.node_of_rank = [nodes[b] for b in self.bundle_of_rank]
+        return self.node_of_rank
+
+    def resize(self, spec: JobSpec) -> None:
+        """Use `spec`'s layout from the next reserve() (an elastic re-plan): the placement
+        group is given back and made again at the new size."""
+        self.spec = spec
+        self.world_size = spec.parallel.world_size
+        self.drop_placement()
+
+    def exclude_nodes(self, nodes: set[str]) -> set[str]:
+        """Keep `nodes` out of the next placement (made again at the next reserve());
+        returns those excluded. The cluster's last alive nodes are never all excluded:
+        a job with nowhere to go would wait for ever."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        wanted = (self.excluded_nodes | nodes) & alive
+        if not nodes or not alive - wanted:
+            return set()
+        self.excluded_nodes = wanted
+        self.drop_placement()
+        return nodes & wanted
+
+    def node_of(self, ranks: list[int]) -> list[str]:
+        return [self.node_of_rank[r] for r in ranks if r < len(self.node_of_rank)]
+
+    def has_room_for(self, spec: JobSpec) -> bool:
+        """Whether the cluster's free resources (with this job's own) could hold `spec`'s
+        ranks now: a cheap check before growing back."""
+        free = ray.available_resources()
+        extra = spec.parallel.world_size - self.world_size
+        return all(
+            free.get(name, 0.0) + 1e-9 >= amount * extra
+            for name, amount in bundle_resources(spec).items()
+        )
+
+    def drop_placement(self) -> None:
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    def _targets(self) -> CheckpointTargets:
+        """Snapshots need one folder for the whole world: on when every rank shares a host
+        (ranks on other hosts could not commit into it)."""
+        if self.spec.checkpoint.memory_every_steps == 0:
+            return self.checkpoints
+        hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] in self.node_of_rank}
+        if len(hosts) != 1:
+            log.warning(
+                "job %s: ranks on %d hosts, in-memory snapshots off", self.job_id, len(hosts)
+            )
+            return replace(self.checkpoints, snapshot_dir=None)
+        self._snapshot_nodes |= set(self.node_of_rank)
+        return replace(self.checkpoints, snapshot_dir=str(snapshot_dir(self.job_id)))
 
     def start(self, join_timeout_s: float) -> None:
         """One actor per rank; all join the world and start training."""
@@ -88,6 +159,7 @@ class WorkerGroup:
         assert self.pg is not None, "reserve() first"
         res = bundle_resources(self.spec)
         spec_json = self.spec.model_dump_json()
+        targets = self._targets()
         self.attempt += 1
         self.actors = [
             WorkerActor.options(
@@ -105,7 +177,7 @@ class WorkerGroup:
                 spec_json,
                 str(self.storage.log_file(rank)),
                 res["CPU"],
-                self.checkpoints,
+                targets,
                 str(self.storage.metrics_file) if rank == 0 else None,
             )
             for rank, bundle in enumerate(self.bundle_of_rank)
@@ -153,8 +225,23 @@ class WorkerGroup:
         self.actors = []
 
     def release(self) -> None:
-        """Kill the workers and give the placement group back."""
+        """Kill the workers, give the placement group back, remove the snapshots."""
         self.kill_workers()
-        if self.pg is not None:
-            remove_placement_group(self.pg)
-            self.pg = None
+        self.drop_placement()
+        self.remove_snapshots()
+
+    def remove_snapshots(self) -> None:
+        """Delete the job's in-memory snapshots on every node that may hold them."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        remove = ray.remote(num_cpus=0)(remove_snapshots)
+        refs = [
+            remove.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(self.job_id)
+            for node in self._snapshot_nodes & alive
+        ]
+        try:
+            ray.get(refs, timeout=CLEANUP_TIMEOUT_S)
+        except Exception as err:  # never let cleanup keep a job from ending
+            log.warning("job %s: removing snapshots failed: %s", self.job_id, err)
+        self._snapshot_nodes.clear()
