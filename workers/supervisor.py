@@ -178,7 +178,12 @@ class JobSupervisor:
             nodes=sorted(set(nodes)),
         )
         self.workers.start(JOIN_TIMEOUT_S)
-        self._event(f"workers {verb}", world_size=len(nodes))
+        warm = bool(getattr(self.workers, "warm_start", False))  # WorkerGroup's spares
+        self._event(
+            f"workers {verb}" + (" on warm spares" if warm else ""),
+            world_size=len(nodes),
+            warm_spares=warm,
+        )
         self._reason = f"{len(nodes)} workers {verb}"
         return JobState.RUNNING
 

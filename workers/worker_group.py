@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Ray labels every node with its id; a placement group can be kept off some nodes by it.
 NODE_ID_LABEL = "ray.io/node-id"
 CLEANUP_TIMEOUT_S = 30.0
+# A warm spare that does not answer this fast is not worth waiting for: start a fresh one.
+SPARE_CHECK_S = 5.0
 
 
 def bundle_resources(spec: JobSpec) -> dict[str, float]:
@@ -79,6 +81,12 @@ class WorkerGroup:
         self.node_of_rank: list[str] = []
         self.excluded_nodes: set[str] = set()  # bad nodes: kept out of the next placement
         self._snapshot_nodes: set[str] = set()  # nodes that may hold this job's snapshots
+        # Warm spares: the next attempt's actors, started (torch imported) while this one
+        # trains, in the same bundles but reserving nothing; a restart takes them instead
+        # of starting processes. Only where ranks need no GPU (a spare has none).
+        self._spares: list[Any] = []
+        self._spares_for: tuple[Any, ...] | None = None  # what they were made for
+        self.warm_start = False  # whether the last start() ran on warm spares
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -134,6 +142,9 @@ class WorkerGroup:
         )
 
     def drop_placement(self) -> None:
+        for a in self._spares:
+            ray.kill(a, no_restart=True)
+        self._spares, self._spares_for = [], None
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
@@ -154,19 +165,38 @@ class WorkerGroup:
 
     def start(self, join_timeout_s: float) -> None:
         """One actor per rank; all join the world and start training."""
+        assert self.pg is not None, "reserve() first"
+        targets = self._targets()
+        self.attempt += 1
+        spares = self._take_spares(targets)
+        self.actors = spares or self._make_actors(self.attempt, targets, spare=False)
+        self.warm_start = bool(spares)  # said in the supervisor's event
+        addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
+        ray.get(
+            [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
+            timeout=join_timeout_s,
+        )
+        log.info(
+            "job %s: %d workers started, rendezvous %s:%d",
+            self.job_id,
+            len(self.actors),
+            addr,
+            port,
+        )
+
+    def _make_actors(self, attempt: int, targets: CheckpointTargets, *, spare: bool) -> list[Any]:
+        """One actor per rank in its bundle; a spare reserves none of the bundle."""
         from workers.actors import NAMESPACE, WorkerActor, worker_name
 
         assert self.pg is not None, "reserve() first"
         res = bundle_resources(self.spec)
         spec_json = self.spec.model_dump_json()
-        targets = self._targets()
-        self.attempt += 1
-        self.actors = [
+        return [
             WorkerActor.options(
-                name=worker_name(self.job_id, self.attempt, rank),
+                name=worker_name(self.job_id, attempt, rank),
                 namespace=NAMESPACE,
-                num_cpus=res["CPU"],
-                num_gpus=res.get("GPU", 0),
+                num_cpus=0 if spare else res["CPU"],
+                num_gpus=0 if spare else res.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle
                 ),
@@ -182,18 +212,33 @@ class WorkerGroup:
             )
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
-        addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
-        ray.get(
-            [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
-            timeout=join_timeout_s,
-        )
-        log.info(
-            "job %s: %d workers started, rendezvous %s:%d",
-            self.job_id,
-            len(self.actors),
-            addr,
-            port,
-        )
+
+    def _spare_key(self, targets: CheckpointTargets) -> tuple[Any, ...]:
+        return (self.pg, tuple(self.bundle_of_rank), self.spec.model_dump_json(), targets)
+
+    def make_spares(self) -> None:
+        """Start the next attempt's actors now, so a restart finds them warm."""
+        if self._spares or self.pg is None or self.spec.resources.gpus_per_worker > 0:
+            return
+        targets = self._targets()
+        self._spares = self._make_actors(self.attempt + 1, targets, spare=True)
+        self._spares_for = self._spare_key(targets)
+
+    def _take_spares(self, targets: CheckpointTargets) -> list[Any]:
+        """The warm spares, if they fit this attempt and all answer; else none (killed)."""
+        spares, made_for = self._spares, self._spares_for
+        self._spares, self._spares_for = [], None
+        if not spares:
+            return []
+        if made_for == self._spare_key(targets):
+            try:
+                ray.get([a.poll.remote() for a in spares], timeout=SPARE_CHECK_S)
+                return spares
+            except Exception as err:  # a spare died with its node, or is too slow
+                log.info("job %s: warm spares unusable (%s)", self.job_id, err)
+        for a in spares:
+            ray.kill(a, no_restart=True)
+        return []
 
     def poll(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
@@ -213,6 +258,8 @@ class WorkerGroup:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
                 statuses.append(dead_status(rank, f"its actor died: {type(err).__name__}"))
+        if all(st["phase"] == WorkerPhase.TRAINING for st in statuses):
+            self.make_spares()  # once the world trains, so it never slows a start
         return statuses
 
     def request_stop(self, save: bool = False) -> None:
