@@ -142,8 +142,7 @@ class WorkerGroup:
         )
 
     def drop_placement(self) -> None:
-        for a in self._spares:
-            ray.kill(a, no_restart=True)
+        self._kill_spares(self._spares)
         self._spares, self._spares_for = [], None
         if self.pg is not None:
             remove_placement_group(self.pg)
@@ -236,9 +235,15 @@ class WorkerGroup:
                 return spares
             except Exception as err:  # a spare died with its node, or is too slow
                 log.info("job %s: warm spares unusable (%s)", self.job_id, err)
+        self._kill_spares(spares)
+        return []
+
+    def _kill_spares(self, spares: list[Any]) -> None:
         for a in spares:
             ray.kill(a, no_restart=True)
-        return []
+        if spares:
+            # Their names (the next attempt's) may not be free yet: skip that attempt.
+            self.attempt += 1
 
     def poll(self, timeout_s: float) -> list[dict[str, Any]]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
