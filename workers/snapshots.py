@@ -3,7 +3,7 @@
 A snapshot is a folder in host memory (/dev/shm, a tmpfs) that outlives the worker which
 wrote it; the engine writes it (workers/engine/snapshots.py). Every rank writes its shards
 into the same folder and rank 0 commits it, so the folder must be one folder for the whole
-world: the supervisor turns snapshots on only when all ranks share one host.
+world: the worker group turns snapshots on only when all ranks share one host.
 
 No torch here: the supervisor imports it.
 """
