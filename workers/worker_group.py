@@ -87,6 +87,7 @@ class WorkerGroup:
         self._spares: list[Any] = []
         self._spares_for: tuple[Any, ...] | None = None  # what they were made for
         self.warm_start = False  # whether the last start() ran on warm spares
+        self._started_at_steps: list[int] | None = None  # each rank's first step polled
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -170,6 +171,7 @@ class WorkerGroup:
         spares = self._take_spares(targets)
         self.actors = spares or self._make_actors(self.attempt, targets, spare=False)
         self.warm_start = bool(spares)  # said in the supervisor's event
+        self._started_at_steps = None
         addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
         ray.get(
             [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
@@ -263,9 +265,19 @@ class WorkerGroup:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
                 statuses.append(dead_status(rank, f"its actor died: {type(err).__name__}"))
-        if all(st["phase"] == WorkerPhase.TRAINING for st in statuses):
-            self.make_spares()  # once the world trains, so it never slows a start
+        self._spares_when_stepping(statuses)
         return statuses
+
+    def _spares_when_stepping(self, statuses: list[dict[str, Any]]) -> None:
+        """Make the spares once every rank has finished a step of this attempt: starting
+        processes sooner would slow the world's own start."""
+        if not all(st["phase"] == WorkerPhase.TRAINING for st in statuses):
+            return
+        steps = [st["step"] for st in statuses]
+        if self._started_at_steps is None:
+            self._started_at_steps = steps
+        elif all(now > then for now, then in zip(steps, self._started_at_steps, strict=True)):
+            self.make_spares()
 
     def request_stop(self, save: bool = False) -> None:
         for a in self.actors:
