@@ -237,6 +237,9 @@ class CheckpointSpec(_Strict):
     every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
     async_save: bool = False
+    # In-memory snapshots (0: off): host memory on the node, outliving the worker process;
+    # a worker's death then costs at most this many steps (workers/snapshots.py).
+    memory_every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
 
 
 class ResumeFromSpec(_Strict):
@@ -246,12 +249,19 @@ class ResumeFromSpec(_Strict):
     step: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None  # None: its newest
 
 
+class ElasticSpec(_Strict):
+    """Go on with fewer data-parallel ranks (down to `min_dp`) when a node is lost."""
+
+    min_dp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+
+
 class FaultToleranceSpec(_Strict):
     max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
     hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
     # A step whose loss is not finite rolls back to the newest snapshot and skips that
     # step's batch, at most this many times in the job's life (0: fail at once).
     max_nonfinite_skips: Annotated[int, Field(ge=0, le=1000)] = 3
+    elastic: ElasticSpec | None = None
 
 
 class ResourcesSpec(_Strict):
@@ -319,6 +329,12 @@ class JobSpec(_Strict):
                 f"with parallel.pp_schedule='interleaved_1f1b' the micro-batches per step "
                 f"({self.accumulation_steps}) must be a multiple of parallel.pp={par.pp}; "
                 "change global_batch_size or micro_batch_size"
+            )
+        elastic = self.fault_tolerance.elastic
+        if elastic is not None and elastic.min_dp > par.dp:
+            raise ValueError(
+                f"fault_tolerance.elastic.min_dp={elastic.min_dp} is above parallel.dp="
+                f"{par.dp}; the job can only shrink: set min_dp <= dp"
             )
         micro_tokens = tr.micro_batch_size * m["seq_len"]
         if micro_tokens > MAX_MICRO_BATCH_TOKENS:

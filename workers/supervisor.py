@@ -18,9 +18,11 @@ from workers.checkpoint_store import RestoreSource
 from workers.failure_policy import FailurePolicy
 from workers.faults import FaultKind
 from workers.lifecycle import TERMINAL, JobState
+from workers.node_health import NodeHealth, PlacedWorkers
 from workers.nonfinite_policy import NonFinitePolicy
 from workers.progress import EntryKind, ProgressBuffer
 from workers.recovery import Recovery, first_failed_ranks, stalled_for
+from workers.reservation import ResizableWorkers, reserve_placement
 from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
 from workers.storage import JobStorage
@@ -30,7 +32,8 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 30.0
-RESERVE_TIMEOUT_S = 600.0
+# How often a shrunk elastic job looks for the capacity to grow back.
+GROW_CHECK_S = 5.0
 JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
 
@@ -101,6 +104,9 @@ class JobSupervisor:
         self._step_time_s: float | None = None  # the latest logged step time
         self._injected: str | None = None  # a fault injected since the last recovery
         self._wake = threading.Event()  # cuts a backoff short for a cancel or a pause
+        self.layout = self.spec  # the layout running now: fewer dp ranks after a re-plan
+        self.health = NodeHealth()
+        self._grow_checked = 0.0
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
@@ -182,14 +188,28 @@ class JobSupervisor:
 
     def _launch(self, verb: str) -> JobState:
         self._replay_logged_metrics()
-        nodes = self.workers.reserve(RESERVE_TIMEOUT_S)
+        placed = reserve_placement(
+            self.workers,
+            self.layout,
+            self.spec.parallel.dp,
+            cancelled=self._cancel.is_set,
+            on_event=self._event,
+        )
+        if placed is None:  # cancelled while waiting for capacity
+            return self._cancel_now()
+        nodes, self.layout = placed
         self._nodes = nodes
         self._event(
             f"placement group ready: {len(nodes)} ranks on {len(set(nodes))} node(s)",
             nodes=sorted(set(nodes)),
         )
         self.workers.start(JOIN_TIMEOUT_S)
-        self._event(f"workers {verb}", world_size=len(nodes))
+        warm = bool(getattr(self.workers, "warm_start", False))  # WorkerGroup's spares
+        self._event(
+            f"workers {verb}" + (" on warm spares" if warm else ""),
+            world_size=len(nodes),
+            warm_spares=warm,
+        )
         self._reason = f"{len(nodes)} workers {verb}"
         return JobState.RUNNING
 
@@ -245,6 +265,7 @@ class JobSupervisor:
         if failed and all(s.get("nonfinite") for s in failed):
             return self._on_nonfinite(failed)
         if failed:
+            self._note_bad_nodes([s["rank"] for s in failed if s.get("lost")])
             return self._on_failure(
                 "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
                 deterministic=any(s.get("deterministic") for s in failed),
@@ -252,6 +273,7 @@ class JobSupervisor:
             )
         hung = self._hung_ranks(statuses)
         if hung:
+            self._note_bad_nodes(hung)
             limit = self.spec.fault_tolerance.hang_timeout_s
             at = {s["rank"]: s["step"] for s in statuses}
             behind = ", ".join(f"rank {r} at step {at[r]}" for r in hung)
@@ -268,7 +290,57 @@ class JobSupervisor:
             self.workers.release()
             self._reason = "training finished"
             return JobState.SUCCEEDED
+        if self._capacity_is_back():
+            return self._grow_back()
         return JobState.RUNNING
+
+    def _note_bad_nodes(self, ranks: list[int]) -> None:
+        """Count a failure on the nodes of `ranks`; a node at its second is left out of
+        the next placement."""
+        if not ranks or not isinstance(self.workers, PlacedWorkers):
+            return
+        for node in self.health.record(self.workers.node_of(ranks)):
+            if self.workers.exclude_nodes({node}):
+                self._event(
+                    f"node {node} left out of this job's next placement: its ranks hung or "
+                    f"died {self.health.failures[node]} times",
+                    node=node,
+                )
+            else:
+                self._event(f"node {node} is failing but is the only one left: kept", node=node)
+
+    def _capacity_is_back(self) -> bool:
+        """A shrunk elastic job, now and then: could the cluster hold its full size?"""
+        if self.layout.parallel.dp >= self.spec.parallel.dp or not isinstance(
+            self.workers, ResizableWorkers
+        ):
+            return False
+        if time.monotonic() - self._grow_checked < GROW_CHECK_S:
+            return False
+        self._grow_checked = time.monotonic()
+        return self.workers.has_room_for(self.spec)
+
+    def _grow_back(self) -> JobState:
+        """Checkpoint, stop, and start again at the full layout (from that checkpoint)."""
+        statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
+        if statuses and all(s["phase"] == WorkerPhase.DONE for s in statuses):
+            summary = next((s["summary"] for s in statuses if s["summary"]), None)
+            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+            self.workers.release()
+            self._reason = "training finished"
+            return JobState.SUCCEEDED
+        self.workers.kill_workers()
+        assert isinstance(self.workers, ResizableWorkers)
+        self._event(
+            f"elastic: capacity is back, growing from dp={self.layout.parallel.dp} to "
+            f"dp={self.spec.parallel.dp} from a checkpoint",
+            dp_from=self.layout.parallel.dp,
+            dp_to=self.spec.parallel.dp,
+        )
+        self.workers.resize(self.spec)
+        self.layout = self.spec
+        self._reason = f"growing back to dp={self.spec.parallel.dp}"
+        return JobState.RESTARTING
 
     def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
         # Joining has its own timeout (JOIN_TIMEOUT_S), and ranks already training wait,

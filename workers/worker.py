@@ -66,6 +66,7 @@ class CheckpointTargets:
 
     save_dir: str
     restore_from: list[RestoreSource] = field(default_factory=list)
+    snapshot_dir: str | None = None  # in-memory snapshots (workers/snapshots.py); None: off
 
 
 @dataclass
@@ -211,7 +212,10 @@ class TrainingWorker:
         if self.checkpoints is None:
             return None
         return CheckpointPlan.for_spec(
-            self.spec.checkpoint, self.checkpoints.save_dir, self.checkpoints.restore_from
+            self.spec.checkpoint,
+            self.checkpoints.save_dir,
+            self.checkpoints.restore_from,
+            self.checkpoints.snapshot_dir,
         )
 
     def _should_stop(self) -> bool:

@@ -84,6 +84,7 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
         assert done["restarts"] == 1
         events = assert_trained_like(c, job["id"], reference)
     assert any("rank 1: its actor died" in e for e in events), events
+    assert "workers restarted on warm spares" in events, events  # torch already imported
     restored = [e for e in events if e.startswith("restored checkpoint step")]
     assert len(restored) == 1, events
     step = int(restored[0].split()[3])

@@ -46,10 +46,18 @@ class CheckpointPlan:
     # The run's own folder comes first, so a restarted or resumed job continues from its
     # own latest checkpoint; the first source that has one wins.
     restore_from: list[RestoreSource] = field(default_factory=list)
+    # The in-memory tier (a folder in host memory, e.g. /dev/shm): saved every
+    # `snapshot_every_steps`, and a restore takes the newest step of either tier.
+    snapshot_url: str | None = None
+    snapshot_every_steps: int = 0
 
     @classmethod
     def for_spec(
-        cls, spec: CheckpointSpec, save_url: str | None, restore_from: list[RestoreSource]
+        cls,
+        spec: CheckpointSpec,
+        save_url: str | None,
+        restore_from: list[RestoreSource],
+        snapshot_url: str | None = None,
     ) -> CheckpointPlan:
         """The plan for a job's `checkpoint` section, saving into `save_url`."""
         return cls(
@@ -58,6 +66,8 @@ class CheckpointPlan:
             keep_last=spec.keep_last,
             async_save=spec.async_save,
             restore_from=restore_from,
+            snapshot_url=snapshot_url if spec.memory_every_steps > 0 else None,
+            snapshot_every_steps=spec.memory_every_steps,
         )
 
 
@@ -89,7 +99,9 @@ class Checkpointer:
         info: dict[str, Any],
         on_event: EventSink,
         on_commit: CommitSink | None = None,
+        kind: str = "checkpoint",
     ) -> None:
+        self.kind = kind  # "checkpoint" or "snapshot", in what it says
         self.store = store
         self.keep_last = keep_last
         self.async_save = async_save
@@ -169,7 +181,7 @@ class Checkpointer:
             self._write(*args)
         except Exception as err:  # a failed save must not kill training; the next retries
             log.exception("checkpoint save failed")
-            self.on_event(f"checkpoint save of step {args[0]} failed: {err}", {"step": args[0]})
+            self.on_event(f"{self.kind} save of step {args[0]} failed: {err}", {"step": args[0]})
 
     def _write(
         self,
@@ -222,7 +234,7 @@ class Checkpointer:
             "deleted": deleted,
         }
         self.on_event(
-            f"checkpoint step {step} committed: {ckpt.bytes} bytes, "
+            f"{self.kind} step {step} committed: {ckpt.bytes} bytes, "
             f"{total:.2f}s to save, training held {blocking_s:.3f}s",
             summary,
         )
@@ -243,6 +255,12 @@ class Checkpointer:
                         listed.append((source.url, ckpt))
                 if listed:  # the first source that has any wins (own folder, then resume_from)
                     break
+            if plan.snapshot_url is not None:
+                # The job's own snapshots compete with its checkpoints by step; on a tie the
+                # snapshot wins (host memory reads faster). The sort below is stable.
+                snapshots = CheckpointStore(plan.snapshot_url).committed()
+                listed = [(plan.snapshot_url, c) for c in snapshots] + listed
+                listed.sort(key=lambda found: found[1].step, reverse=True)
             found[0] = listed
         dist.broadcast_object_list(found, src=0, group=self.group)
         return [(CheckpointStore(url), ckpt) for url, ckpt in found[0]]
@@ -265,10 +283,11 @@ class Checkpointer:
             start = time.perf_counter()
             dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
             self.restored_step = ckpt.step
+            tier = "memory" if store.url == plan.snapshot_url else "storage"
             self.on_event(
                 f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
-                f"in {time.perf_counter() - start:.2f}s",
-                {"step": ckpt.step, "path": ckpt.path},
+                f"from {tier} in {time.perf_counter() - start:.2f}s",
+                {"step": ckpt.step, "path": ckpt.path, "tier": tier},
             )
             return ckpt, state
         return None

@@ -37,6 +37,7 @@ class LocalCheckpoints:
     folder: str | None = None
     resume: bool = False
     stop_after_step: int | None = None  # stop (and checkpoint) after this step
+    snapshot_folder: str | None = None  # in-memory snapshots, with memory_every_steps
 
 
 def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
@@ -44,7 +45,7 @@ def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
     from workers.engine.checkpoint import CheckpointPlan
 
     restore = [RestoreSource(local.folder)] if local.folder and local.resume else []
-    return CheckpointPlan.for_spec(spec.checkpoint, local.folder, restore)
+    return CheckpointPlan.for_spec(spec.checkpoint, local.folder, restore, local.snapshot_folder)
 
 
 def run_rank(

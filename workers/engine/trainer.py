@@ -39,6 +39,7 @@ from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
+from workers.engine.snapshots import SnapshotTier
 from workers.engine.train_state import (
     apply_small_state,
     apply_tensor_state,
@@ -124,7 +125,8 @@ class Trainer:
             self.loader.skipped_batches = tuple(SkippedBatches(self.plan.save_url).batches())
         self.checkpointer: Checkpointer | None = None
         self.restored: CommittedCheckpoint | None = None
-        if self.plan.save_url or self.plan.restore_from:
+        self.snapshots: SnapshotTier | None = None
+        if self.plan.save_url or self.plan.restore_from or self.plan.snapshot_url:
             self.checkpointer = Checkpointer(
                 CheckpointStore(self.plan.save_url) if self.plan.save_url else None,
                 keep_last=self.plan.keep_last,
@@ -138,6 +140,8 @@ class Trainer:
                 on_event=self.on_event,
                 on_commit=on_checkpoint,
             )
+            if self.plan.snapshot_url:
+                self.snapshots = SnapshotTier(self.plan, self.checkpointer.info)
             self.restored = self._restore()
 
     @property
@@ -359,12 +363,22 @@ class Trainer:
         )
         while self.step < total and not (should_stop and should_stop()):
             metrics = self.train_step()
+            if self.snapshots is not None:
+                # A snapshot overlaps one step at most: once this step is done, so is the
+                # previous snapshot, and a death loses at most memory_every_steps steps.
+                self.snapshots.wait()
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
             if self._should_save(self.step):
                 metrics["checkpoint_blocking_s"] = self.save_checkpoint()
                 saved_step = self.step
+            elif self.snapshots is not None and self.snapshots.due(self.step):
+                metrics["snapshot_blocking_s"] = self.snapshots.save(
+                    self.step,
+                    tensor_state(self.parts, self.optimizers),
+                    small_state(self.step, self.scaler),
+                )
             last = metrics
             if self._should_log(self.step) and self.on_metrics is not None:
                 self.on_metrics(metrics)
@@ -375,6 +389,8 @@ class Trainer:
             self.save_checkpoint()
         if self.checkpointer is not None:
             self.checkpointer.wait()
+        if self.snapshots is not None:
+            self.snapshots.wait()
         return self._summary(last, step_times)
 
     def _peak_memory(self) -> int:

@@ -1,0 +1,177 @@
+"""Node loss on a two-node local Ray cluster: an elastic dp=4 job whose second node is
+killed goes on at dp=2 with the same global batch, then grows back to dp=4 when a node
+returns; the losses stay those of an uninterrupted run and each step is recorded once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from api.client import Client
+from service.config import Settings
+from service.db import Database
+from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, start_local_ray
+from service.migrate import upgrade_to_head
+from service.users import UserDirectory
+from tests.e2e.conftest import Service, wait_for
+from tests.support.databases import fresh_database
+from workers.engine.launch import train_local
+from workers.spec import JobSpec
+
+STEPS = 150  # long enough at dp=2 for a node to come back and the job to grow
+LIMIT_S = 400.0  # generous: a loaded 2-core machine is slow
+CPUS_PER_NODE = 2  # logical: a dp=4 job spreads two ranks on each node
+
+BODY: dict[str, Any] = {
+    "name": "e2e-elastic",
+    "model": {"preset": "tiny", "seq_len": 64},
+    "parallel": {"dp": 4},
+    "train": {
+        "steps": STEPS,
+        "global_batch_size": 16,
+        "micro_batch_size": 2,
+        # Modest, so the loss stays well above 0 and a relative comparison means something.
+        "lr": 1e-3,
+        "log_every": 1,
+        "seed": 5,
+    },
+    "checkpoint": {"every_steps": 10, "memory_every_steps": 2},
+    "fault_tolerance": {"max_failures": 3, "hang_timeout_s": 8, "elastic": {"min_dp": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[dict[str, Any]]:
+    metrics: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(BODY), 4, on_metrics=metrics.append)
+    return metrics
+
+
+@contextmanager
+def ray_node(head: LocalRay, log: Path) -> Iterator[int]:
+    """A second Ray node on this machine (its own session); yields its session id."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                str(ray_bin),
+                "start",
+                "--block",
+                "--disable-usage-stats",
+                f"--address={head.address}",
+                "--node-ip-address=127.0.0.1",
+                f"--num-cpus={CPUS_PER_NODE}",
+                f"--object-store-memory={OBJECT_STORE_BYTES}",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        yield proc.pid
+    finally:
+        kill_node(proc.pid)
+        proc.wait(timeout=30)
+
+
+def kill_node(session: int) -> None:
+    """Lose the node at once: SIGKILL to its raylet and every worker it started."""
+    for pid in session_members(session):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_cpus(c: Client, cpus: float) -> None:
+    deadline = time.monotonic() + 120
+    while c.cluster()["resources"].get("CPU", 0) < cpus:
+        assert time.monotonic() < deadline, c.cluster()
+        time.sleep(0.5)
+
+
+@contextmanager
+def two_node_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Service, LocalRay]]:
+    # A lost node is declared dead after about 3 s instead of Ray's default 30 s or so.
+    monkeypatch.setenv("RAY_health_check_period_ms", "1000")
+    monkeypatch.setenv("RAY_health_check_failure_threshold", "3")
+    if ray.is_initialized():  # this process may be connected to the tier's own head
+        ray.shutdown()
+    with ExitStack() as stack:
+        head = start_local_ray(tmp_path / "ray-state", CPUS_PER_NODE)
+        stack.callback(head.stop)
+        stack.callback(lambda: ray.shutdown() if ray.is_initialized() else None)
+        head.use_auth()
+        url = stack.enter_context(fresh_database("sqlite", tmp_path))
+        upgrade_to_head(url)
+        db = Database(url)
+        users = UserDirectory(db)
+        token = users.issue_token(users.ensure_user(f"e2e-{uuid.uuid4().hex[:6]}"), "e2e").token
+        db.dispose()
+        settings = Settings(
+            database_url=url,
+            state_dir=tmp_path / "state",
+            storage_root=tmp_path / "storage",
+            data_roots=[tmp_path],
+            ray_address=head.address,
+        )
+        yield Service(settings, url, head.address, token), head
+
+
+def messages(c: Client, job_id: str) -> list[str]:
+    return [e["message"] for e in c.events(job_id, after=0)]
+
+
+def wait_for_event(c: Client, job_id: str, prefix: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not any(m.startswith(prefix) for m in messages(c, job_id)):
+        state = c.get(job_id)["state"]
+        assert state not in ("SUCCEEDED", "FAILED", "CANCELLED"), (state, messages(c, job_id))
+        assert time.monotonic() < deadline, messages(c, job_id)
+        time.sleep(0.5)
+
+
+def test_node_lost_elastic_job_goes_on_at_half_and_grows_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: list[dict[str, Any]]
+) -> None:
+    with ExitStack() as stack:
+        svc, head = stack.enter_context(two_node_service(tmp_path, monkeypatch))
+        server = stack.enter_context(svc.running())
+        c = stack.enter_context(svc.client(server))
+        second = stack.enter_context(ray_node(head, tmp_path / "node2.log"))
+        wait_for_cpus(c, 2 * CPUS_PER_NODE)
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 6, LIMIT_S)
+        assert "placement group ready: 4 ranks on 2 node(s)" in messages(c, job["id"])
+        kill_node(second)
+        wait_for_event(c, job["id"], "elastic re-plan: dp=4")
+        wait_for_event(c, job["id"], "placement group ready: 2 ranks on 1 node(s)")
+        shrunk_at = c.get(job["id"])["step"]
+        # It trains at dp=2 (on the one node left) before capacity returns.
+        wait_for(c, job["id"], lambda j: j["step"] >= shrunk_at + 5, LIMIT_S)
+        stack.enter_context(ray_node(head, tmp_path / "node3.log"))
+        wait_for_event(c, job["id"], "elastic: capacity is back")
+        done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", LIMIT_S)
+        metrics = c.metrics(job["id"])
+        events = messages(c, job["id"])
+    assert done["state"] == "SUCCEEDED"
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), events
+    for got, want in zip(metrics, reference, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4), f"step {got['step']}"
+    # The last placement is at full size again, over both nodes.
+    placements = [e for e in events if e.startswith("placement group ready")]
+    assert placements[-1] == "placement group ready: 4 ranks on 2 node(s)", events
