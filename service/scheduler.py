@@ -18,7 +18,7 @@ from service.loop import PeriodicLoop
 from service.models import Job
 from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
-from workers.lifecycle import JobState
+from workers.lifecycle import SUPERVISED, JobState
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -198,14 +198,14 @@ class Scheduler(PeriodicLoop):
         queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
         held: dict[str, dict[str, float]] = {}
+        # Only a job with a supervisor holds resources: a queued or paused one holds none.
         for j in active:
-            if j.state != JobState.QUEUED:
-                for k, v in demand[j.id].items():
-                    used[k] += v
-            if j.state not in (JobState.QUEUED, JobState.PAUSED):  # a paused job holds nothing
-                owner_held = held.setdefault(j.owner.name, {})
-                for k, v in demand[j.id].items():
-                    owner_held[k] = owner_held.get(k, 0.0) + v
+            if j.state not in SUPERVISED:
+                continue
+            owner_held = held.setdefault(j.owner.name, {})
+            for k, v in demand[j.id].items():
+                used[k] += v
+                owner_held[k] = owner_held.get(k, 0.0) + v
         free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
         now = datetime.now(UTC)
         plan = plan_admissions(

@@ -105,3 +105,26 @@ def test_a_started_job_whose_spec_no_longer_validates_keeps_running_and_its_cpus
     assert store.get(old).state == JobState.STARTING
     assert launched == []  # 8 x 0.05 CPU held: 7.6 of 8 free, not enough for 7.8
     assert "needs 7.8 CPU; 7.6 CPU free" in (store.get(waiting).queue_reason or "")
+
+
+# A job that takes the whole 8-CPU test cluster.
+EIGHT_RANKS = {"parallel": {"dp": 8}, "train": {"global_batch_size": 16, "micro_batch_size": 2}}
+
+
+def test_a_paused_job_holds_no_resources(store: JobStore) -> None:
+    # A paused job has freed its workers and placement group: it must not keep a queued
+    # job waiting for CPUs it no longer holds.
+    paused = store.create(
+        UserDirectory(store.db).ensure_user("alice"),
+        JobSpec.model_validate({"name": "paused", **EIGHT_RANKS}),
+    )[0].id
+    with store.db.session() as s:
+        s.execute(update(Job).where(Job.id == paused).values(state=JobState.PAUSED.value))
+        s.commit()
+    waiting = store.create(
+        UserDirectory(store.db).ensure_user("alice"),
+        JobSpec.model_validate({"name": "waiting", **EIGHT_RANKS}),
+    )[0].id
+    launched: list[str] = []
+    scheduler(store, launched).tick()
+    assert launched == [waiting]
