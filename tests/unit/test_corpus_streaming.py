@@ -42,7 +42,7 @@ def test_bytes_that_are_not_utf8_raise() -> None:
 
 
 def test_tokens_are_those_of_whole_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
     from workers.engine.tokenizer import load_tokenizer
 
@@ -64,6 +64,17 @@ def test_tokens_are_those_of_whole_files(tmp_path: Path, monkeypatch: pytest.Mon
     trained.save(str(tmp_path / "tokenizer.json"))
     hf_tokens = text_tokens(folder, load_tokenizer(str(tmp_path / "tokenizer.json")), 256)
     assert hf_tokens.tolist() == [i for text in whole for i in trained.encode(text).ids]
+
+    # A post-processor that wraps a text in BOS/EOS does so once per file, not per chunk.
+    trained.add_special_tokens(["<s>", "</s>"])
+    trained.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        special_tokens=[("<s>", trained.token_to_id("<s>")), ("</s>", trained.token_to_id("</s>"))],
+    )
+    trained.save(str(tmp_path / "wrapped.json"))
+    wrapped = text_tokens(folder, load_tokenizer(str(tmp_path / "wrapped.json")), 256)
+    assert wrapped.tolist() == [i for text in whole for i in trained.encode(text).ids]
+    assert wrapped.tolist().count(trained.token_to_id("<s>")) == len(whole)
 
 
 PEAK = """

@@ -115,15 +115,21 @@ def _tokenize_files(
     written, files skipped as not UTF-8). Memory stays about TEXT_CHUNK_BYTES times a
     small factor (Python ints of one chunk), whatever the corpus size."""
     count = skipped = 0
+    # Each file is encoded as one text: its special tokens (BOS, EOS, ...) once around it,
+    # not around every chunk.
+    prefix, suffix = (np.asarray(ids, dtype=dtype) for ids in tokenizer.affixes())
     with out_path.open("wb") as out:
         for f in files:
             start, written = out.tell(), 0
             try:
                 with access.open(f, "data.path") as handle:
+                    out.write(prefix.tobytes())
                     for text in text_chunks(handle, TEXT_CHUNK_BYTES):
-                        ids = np.asarray(tokenizer.encode(text), dtype=dtype)
+                        ids = np.asarray(tokenizer.encode_piece(text), dtype=dtype)
                         out.write(ids.tobytes())
                         written += len(ids)
+                    out.write(suffix.tobytes())
+                    written += len(prefix) + len(suffix)
             except UnicodeDecodeError:
                 # Binary files in a folder of text (images, bytecode) are not text: drop
                 # what this one wrote before its first undecodable byte.

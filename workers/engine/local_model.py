@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -14,44 +13,15 @@ from workers.checkpoint_store import MANIFEST
 from workers.engine.hf_export import open_checkpoint, read_model_state
 from workers.engine.hf_weights import load_init_from
 from workers.engine.model import ModelArgs, Transformer, rope_tables
+from workers.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from workers.hf_config import CONFIG, TOKENIZER, shape_from_config
 from workers.spec import JobSpec
-
-
-class TextCodec(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class ByteCodec:
-    """The engine's byte-level tokenizer: ids 0-255 are UTF-8 bytes."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-class TokenizerFileCodec:
-    """A Hugging Face tokenizer.json (the `tokenizers` library, no transformers)."""
-
-    def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(str(path))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tok.decode(ids))
 
 
 @dataclass
 class LocalModel:
     model: Transformer
-    codec: TextCodec
+    codec: Tokenizer
     eos_token_id: int | None
 
 
@@ -75,11 +45,11 @@ def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
     args = ModelArgs(seq_len=int(config.get("max_position_embeddings", 2048)), **shape)
     model = _empty_model(args, device)
     load_init_from([model], folder, args)
-    codec: TextCodec
+    codec: Tokenizer
     if (folder / TOKENIZER).is_file():
-        codec = TokenizerFileCodec(folder / TOKENIZER)
+        codec = load_tokenizer(str(folder / TOKENIZER))
     elif args.vocab_size >= 256:
-        codec = ByteCodec()
+        codec = ByteTokenizer()
     else:
         raise ValueError(f"{folder} has no {TOKENIZER} and the vocabulary is not byte-level")
     eos = config.get("eos_token_id")
@@ -92,9 +62,7 @@ def _from_checkpoint(path: Path, device: torch.device) -> LocalModel:
     args = ModelArgs.from_resolved(spec.model.resolved())
     model = _empty_model(args, device)
     model.load_state_dict(read_model_state(ckpt), strict=True)
-    tokenizer = spec.data.tokenizer
-    codec: TextCodec = ByteCodec() if tokenizer == "byte" else TokenizerFileCodec(Path(tokenizer))
-    return LocalModel(model, codec, None)
+    return LocalModel(model, load_tokenizer(spec.data.tokenizer), None)
 
 
 def load_local_model(path: Path, device: torch.device) -> LocalModel:

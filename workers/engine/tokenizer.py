@@ -17,6 +17,17 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_piece(self, text: str) -> list[int]:
+        """Tokens of a piece of a longer text: without the special tokens (BOS, EOS, ...)
+        that `encode` puts around a whole text."""
+        ...
+
+    def affixes(self) -> tuple[list[int], list[int]]:
+        """The special tokens `encode` puts before and after a whole text."""
+        ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as token ids 0..255: no files, no training, works on any text."""
@@ -26,6 +37,16 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_piece(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def affixes(self) -> tuple[list[int], list[int]]:
+        return [], []
+
+    def decode(self, ids: list[int]) -> str:
+        # A model's vocabulary may be larger than 256: ids past the bytes are not text.
+        return bytes(i for i in ids if i < BYTE_VOCAB_SIZE).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
@@ -49,6 +70,21 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text).ids)
+
+    def encode_piece(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def affixes(self) -> tuple[list[int], list[int]]:
+        # The post-processor's template is not exposed: find where a plain encoding sits
+        # inside the special one (a template wraps it, e.g. [BOS] ... [EOS]).
+        plain, special = self.encode_piece("a"), self.encode("a")
+        for start in range(len(special) - len(plain) + 1):
+            if special[start : start + len(plain)] == plain:
+                return special[:start], special[start + len(plain) :]
+        return [], []
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids))
 
 
 def load_tokenizer(spec_value: str, access: DataAccess | None = None) -> Tokenizer:
