@@ -21,7 +21,13 @@ import ray
 from api.client import Client
 from service.config import Settings
 from service.db import Database
-from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, start_local_ray
+from service.local_ray import (
+    LOOPBACK_ENV,
+    OBJECT_STORE_BYTES,
+    LocalRay,
+    session_members,
+    start_local_ray,
+)
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.e2e.conftest import Service, wait_for
@@ -62,7 +68,13 @@ def reference() -> list[dict[str, Any]]:
 def ray_node(head: LocalRay, log: Path) -> Iterator[int]:
     """A second Ray node on this machine (its own session); yields its session id."""
     ray_bin = Path(sys.executable).parent / "ray"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
+    # The embedded head runs in Ray's single-machine mode (loopback only), which refuses a
+    # worker node; this second node of the same host joins it with that switch back on.
+    env = (
+        {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+        | head.auth_env
+        | {k: "1" for k in LOOPBACK_ENV}
+    )
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [
