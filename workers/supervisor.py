@@ -18,7 +18,7 @@ from workers.failure_policy import FailurePolicy
 from workers.faults import FaultKind
 from workers.lifecycle import TERMINAL, JobState
 from workers.metrics_replay import logged_metrics_after
-from workers.node_health import NodeHealth, PlacedWorkers
+from workers.node_health import NodeHealth
 from workers.nonfinite_policy import NonFinitePolicy
 from workers.progress import (
     CheckpointEntry,
@@ -272,7 +272,7 @@ class JobSupervisor:
         if failed and all(s.nonfinite for s in failed):
             return self._on_nonfinite(failed)
         if failed:
-            self._note_bad_nodes([s.rank for s in failed if s.lost])
+            self.health.leave_out(self.workers, [s.rank for s in failed if s.lost], self._event)
             return self._on_failure(
                 "; ".join(f"rank {s.rank}: {s.error}" for s in failed),
                 deterministic=any(s.deterministic for s in failed),
@@ -280,7 +280,7 @@ class JobSupervisor:
             )
         hung = self._hung_ranks(statuses)
         if hung:
-            self._note_bad_nodes(hung)
+            self.health.leave_out(self.workers, hung, self._event)
             limit = self.spec.fault_tolerance.hang_timeout_s
             at = {s.rank: s.step for s in statuses}
             behind = ", ".join(f"rank {r} at step {at[r]}" for r in hung)
@@ -299,21 +299,6 @@ class JobSupervisor:
         if self._capacity_is_back():
             return self._grow_back()
         return JobState.RUNNING
-
-    def _note_bad_nodes(self, ranks: list[int]) -> None:
-        """Count a failure on the nodes of `ranks`; a node at its second is left out of
-        the next placement."""
-        if not ranks or not isinstance(self.workers, PlacedWorkers):
-            return
-        for node in self.health.record(self.workers.node_of(ranks)):
-            if self.workers.exclude_nodes({node}):
-                self._event(
-                    f"node {node} left out of this job's next placement: its ranks hung or "
-                    f"died {self.health.failures[node]} times",
-                    node=node,
-                )
-            else:
-                self._event(f"node {node} is failing but is the only one left: kept", node=node)
 
     def _capacity_is_back(self) -> bool:
         """A shrunk elastic job, now and then: could the cluster hold its full size?"""
