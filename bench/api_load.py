@@ -38,7 +38,7 @@ from service.migrate import upgrade_to_head
 from service.store import JobStore
 from service.users import UserDirectory
 from workers.net import free_port
-from workers.progress import EntryKind
+from workers.progress import MetricsEntry
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def seed(database_url: str, users: int) -> tuple[list[str], list[str]]:
         job_ids.append(job.id)
     for job_id in job_ids[:10]:
         entries = [
-            {"seq": s, "kind": EntryKind.METRICS, "step": s, "values": {"step": s, "loss": 1.0}}
+            MetricsEntry(seq=s, step=s, values={"step": s, "loss": 1.0})
             for s in range(1, SEEDED_STEPS + 1)
         ]
         store.record_progress(job_id, entries, after_seq=0)

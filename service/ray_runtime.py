@@ -26,6 +26,7 @@ from service.store import JobStore
 from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
 from workers.engine.data_access import DataAccess
 from workers.lifecycle import JobState
+from workers.progress import ProgressRead
 from workers.spec import JobSpec
 from workers.worker_group import bundle_resources
 
@@ -79,7 +80,7 @@ class RaySupervisors:
             )
         ray.get(handle.start.remote(), timeout=60)
 
-    def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None:
+    def read(self, job_id: str, after_seq: int) -> ProgressRead | None:
         handle = self._handle(job_id)
         if handle is None:
             return None

@@ -17,6 +17,7 @@ from service.loop import PeriodicLoop
 from service.models import Job
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from workers.lifecycle import SUPERVISED, TERMINAL, JobState
+from workers.progress import ProgressEntry, ProgressRead, StateEntry
 from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class Supervisors(Protocol):
 
     def exists(self, job_id: str) -> bool: ...
     def launch(self, job: Job) -> None: ...
-    def read(self, job_id: str, after_seq: int) -> dict[str, Any] | None: ...
+    def read(self, job_id: str, after_seq: int) -> ProgressRead | None: ...
     def cancel(self, job_id: str) -> None: ...
     def pause(self, job_id: str) -> None: ...
     def remove(self, job_id: str) -> None: ...
@@ -79,11 +80,11 @@ class Reconciler(PeriodicLoop):
             # A paused job gets a new supervisor when it is resumed.
             self.supervisors.remove(job.id)
 
-    def _apply(self, job: Job, entries: list[dict[str, Any]]) -> None:
+    def _apply(self, job: Job, entries: list[ProgressEntry]) -> None:
         seq = job.reconciled_seq
-        batch: list[dict[str, Any]] = []
+        batch: list[ProgressEntry] = []
         for entry in entries:
-            if entry["kind"] != "state":
+            if not isinstance(entry, StateEntry):
                 batch.append(entry)
                 continue
             seq = self.store.record_progress(job.id, batch, after_seq=seq)
@@ -91,24 +92,23 @@ class Reconciler(PeriodicLoop):
             seq = self._apply_state(job.id, entry, seq)
         self.store.record_progress(job.id, batch, after_seq=seq)
 
-    def _apply_state(self, job_id: str, entry: dict[str, Any], seq: int) -> int:
-        target = JobState(entry["state"])
+    def _apply_state(self, job_id: str, entry: StateEntry, seq: int) -> int:
+        target = JobState(entry.state)
         job = self.store.get(job_id)
-        fields: dict[str, Any] = {"reconciled_seq": entry["seq"]}
+        fields: dict[str, Any] = {"reconciled_seq": entry.seq}
         if target == JobState.RESTARTING:
             fields["restarts"] = job.restarts + 1
         if target == JobState.FAILED:
-            fields["failure_reason"] = entry["reason"]
+            fields["failure_reason"] = entry.reason
         try:
             self.store.transition(
-                job_id, target, entry["reason"], expected_version=job.version, **fields
+                job_id, target, entry.reason, expected_version=job.version, **fields
             )
         except IllegalTransition:
-            # e.g. RUNNING reported after the user asked to cancel: nothing to record.
-            self.store.record_progress(
-                job_id, [{"kind": "skipped_state", "seq": entry["seq"]}], after_seq=seq
-            )
-        return int(entry["seq"])
+            # e.g. RUNNING reported after the user asked to cancel: nothing to record but
+            # that it was read (record_progress writes no row for a state entry).
+            self.store.record_progress(job_id, [entry], after_seq=seq)
+        return entry.seq
 
     def _supervisor_gone(self, job: Job) -> None:
         if job.state == JobState.PAUSING:

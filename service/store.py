@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,14 @@ from sqlalchemy.orm import Session, joinedload
 from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, User, utcnow
 from workers.lifecycle import ACTIVE, JobState, is_legal
-from workers.progress import EntryKind
+from workers.progress import (
+    CheckpointCommit,
+    CheckpointEntry,
+    EventEntry,
+    MetricsEntry,
+    ProgressEntry,
+    SummaryEntry,
+)
 from workers.recovery import RECOVERY_EVENT
 from workers.spec import JobSpec
 
@@ -314,17 +322,20 @@ class JobStore:
 
     # -- what a job produced ----------------------------------------------------------
 
-    def record_progress(self, job_id: str, entries: list[dict[str, Any]], *, after_seq: int) -> int:
+    def record_progress(
+        self, job_id: str, entries: Sequence[ProgressEntry], *, after_seq: int
+    ) -> int:
         """Write a supervisor's metrics, events and checkpoints in one transaction.
 
         Applies only if the job's `reconciled_seq` is still `after_seq` (so two readers
-        cannot both write the same entries); returns the new `reconciled_seq`.
+        cannot both write the same entries); returns the new `reconciled_seq`. State
+        entries are the caller's to apply (`transition`): here they only advance the seq.
         """
         if not entries:
             return after_seq
-        last_seq = entries[-1]["seq"]
+        last_seq = entries[-1].seq
         with self.db.session() as s:
-            steps = [e["step"] for e in entries if e["kind"] == EntryKind.METRICS]
+            steps = [e.step for e in entries if isinstance(e, MetricsEntry)]
             have = (
                 set(
                     s.scalars(
@@ -340,20 +351,19 @@ class JobStore:
             latest_checkpoint: str | None = None
             steps_lost, seconds_lost = 0, 0.0
             for e in entries:
-                if e["kind"] == EntryKind.METRICS and e["step"] not in have:
-                    s.add(JobMetric(job_id=job_id, step=e["step"], values=e["values"]))
-                    have.add(e["step"])
-                    latest = e["values"]
-                elif e["kind"] == EntryKind.EVENT:
-                    s.add(_event(job_id, "event", e["message"], e.get("data")))
-                    data = e.get("data") or {}
-                    if data.get("kind") == RECOVERY_EVENT:  # counted with its seq: once
-                        steps_lost += int(data["steps_lost"])
-                        seconds_lost += float(data["seconds_lost"])
-                elif e["kind"] == EntryKind.SUMMARY:
-                    s.add(_event(job_id, "summary", "training summary", e.get("summary")))
-                elif e["kind"] == EntryKind.CHECKPOINT:
-                    latest_checkpoint = self._add_checkpoint(s, job_id, e)
+                if isinstance(e, MetricsEntry) and e.step not in have:
+                    s.add(JobMetric(job_id=job_id, step=e.step, values=e.values))
+                    have.add(e.step)
+                    latest = e.values
+                elif isinstance(e, EventEntry):
+                    s.add(_event(job_id, "event", e.message, e.data))
+                    if e.data.get("kind") == RECOVERY_EVENT:  # counted with its seq: once
+                        steps_lost += int(e.data["steps_lost"])
+                        seconds_lost += float(e.data["seconds_lost"])
+                elif isinstance(e, SummaryEntry):
+                    s.add(_event(job_id, "summary", "training summary", e.summary))
+                elif isinstance(e, CheckpointEntry):
+                    latest_checkpoint = self._add_checkpoint(s, job_id, e.commit)
             values: dict[str, Any] = {"reconciled_seq": last_seq}
             if latest is not None:
                 values.update(latest_metrics=latest, current_step=latest["step"])
@@ -375,34 +385,34 @@ class JobStore:
                     f"job {job_id}: progress after {after_seq} was already recorded"
                 )
             s.commit()
-        return int(last_seq)
+        return last_seq
 
     @staticmethod
-    def _add_checkpoint(s: Session, job_id: str, entry: dict[str, Any]) -> str:
+    def _add_checkpoint(s: Session, job_id: str, commit: CheckpointCommit) -> str:
         """A committed checkpoint's row (again for the same step: the newer save wins)."""
         s.execute(
-            delete(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == entry["step"])
+            delete(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == commit.step)
         )
         s.add(
             Checkpoint(
                 job_id=job_id,
-                step=entry["step"],
-                path=entry["path"],
-                bytes=entry["bytes"],
-                layout=entry["layout"][:128],
+                step=commit.step,
+                path=commit.path,
+                bytes=commit.bytes,
+                layout=commit.layout[:128],
                 committed=True,
-                save_s=entry["save_s"],
-                blocking_s=entry["blocking_s"],
+                save_s=commit.save_s,
+                blocking_s=commit.blocking_s,
             )
         )
         # Checkpoints that keep_last deleted are not restorable any more.
-        if entry.get("deleted"):
+        if commit.deleted:
             s.execute(
                 delete(Checkpoint).where(
-                    Checkpoint.job_id == job_id, Checkpoint.step.in_(entry["deleted"])
+                    Checkpoint.job_id == job_id, Checkpoint.step.in_(commit.deleted)
                 )
             )
-        return str(entry["path"])
+        return commit.path
 
     def add_event(
         self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None

@@ -4,7 +4,8 @@ next placement (decisions here; the worker group makes the placement)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 STRIKES_TO_EXCLUDE = 2
 
@@ -25,6 +26,21 @@ class NodeHealth:
                 self.bad.add(node)
                 newly.append(node)
         return newly
+
+    def leave_out(self, workers: object, ranks: list[int], on_event: Callable[..., Any]) -> None:
+        """Count a failure on the nodes of `ranks` (those that hung or died); a node at
+        its second is left out of the job's next placement, said through `on_event`."""
+        if not ranks or not isinstance(workers, PlacedWorkers):
+            return
+        for node in self.record(workers.node_of(ranks)):
+            if workers.exclude_nodes({node}):
+                on_event(
+                    f"node {node} left out of this job's next placement: its ranks hung or "
+                    f"died {self.failures[node]} times",
+                    node=node,
+                )
+            else:
+                on_event(f"node {node} is failing but is the only one left: kept", node=node)
 
 
 @runtime_checkable

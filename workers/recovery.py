@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.status import WorkerStatus
+
 # Marks the event that closes a recovery; the reconciler adds its figures to the job.
 RECOVERY_EVENT = "recovery"
 
@@ -65,14 +67,14 @@ class Recovery:
 _LOST_RANK = ("its actor died", "did not answer a poll")
 
 
-def first_failed_ranks(failed: list[dict[str, Any]]) -> list[int]:
+def first_failed_ranks(failed: list[WorkerStatus]) -> list[int]:
     """The ranks that failed first: those whose process died or stopped answering, when
     there are such; their peers' collective errors ("connection reset") only follow."""
-    lost = [s["rank"] for s in failed if str(s.get("error") or "").startswith(_LOST_RANK)]
-    return lost or [s["rank"] for s in failed]
+    lost = [s.rank for s in failed if (s.error or "").startswith(_LOST_RANK)]
+    return lost or [s.rank for s in failed]
 
 
-def stalled_for(statuses: list[dict[str, Any]], ranks: list[int]) -> float:
+def stalled_for(statuses: list[WorkerStatus], ranks: list[int]) -> float:
     """How long ago the longest-stalled of `ranks` last made progress (0 if none did)."""
     now = time.time()
-    return max((now - s["last_progress"] for s in statuses if s["rank"] in ranks), default=0.0)
+    return max((now - s.last_progress for s in statuses if s.rank in ranks), default=0.0)

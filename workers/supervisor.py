@@ -8,7 +8,6 @@ reads with "everything after n".
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -18,15 +17,25 @@ from workers.checkpoint_store import RestoreSource
 from workers.failure_policy import FailurePolicy
 from workers.faults import FaultKind
 from workers.lifecycle import TERMINAL, JobState
-from workers.node_health import NodeHealth, PlacedWorkers
+from workers.metrics_replay import logged_metrics_after
+from workers.node_health import NodeHealth
 from workers.nonfinite_policy import NonFinitePolicy
-from workers.progress import EntryKind, ProgressBuffer
+from workers.progress import (
+    CheckpointEntry,
+    EventEntry,
+    MetricsEntry,
+    ProgressBuffer,
+    ProgressRead,
+    StateEntry,
+    SummaryEntry,
+)
 from workers.recovery import Recovery, first_failed_ranks, stalled_for
 from workers.reservation import ResizableWorkers, reserve_placement
 from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
+from workers.status import FINISHED, WorkerPhase, WorkerStatus
 from workers.storage import JobStorage
-from workers.worker import FINISHED, CheckpointTargets, WorkerPhase
+from workers.worker import CheckpointTargets
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +56,15 @@ class Workers(Protocol):
 
     def reserve(self, timeout_s: float) -> list[str]: ...
     def start(self, join_timeout_s: float) -> None: ...
-    def poll(self, timeout_s: float) -> list[dict[str, Any]]: ...
+    def poll(self, timeout_s: float) -> list[WorkerStatus]: ...
     def request_stop(self, save: bool = False) -> None: ...
     def kill_workers(self) -> None: ...
     def release(self) -> None: ...
     def inject_fault(self, rank: int, kind: str) -> None: ...
+
+    # Whether the last start() ran on warm spares (said in the "workers started" event).
+    @property
+    def warm_start(self) -> bool: ...
 
 
 class FaultRefused(RuntimeError):
@@ -123,7 +136,7 @@ class JobSupervisor:
             )
             self._thread.start()
 
-    def read(self, after_seq: int) -> dict[str, Any]:
+    def read(self, after_seq: int) -> ProgressRead:
         """Buffered entries after `after_seq`, and the state now."""
         return {
             "entries": self.buffer.after(after_seq),
@@ -179,12 +192,12 @@ class JobSupervisor:
     def _enter(self, state: JobState, reason: str = "") -> None:
         log.info("job %s: %s -> %s", self.job_id, self.state.value, state.value)
         self.state = state
-        self.buffer.append(EntryKind.STATE, state=state.value, reason=reason or self._reason)
+        self.buffer.append(StateEntry(state=state.value, reason=reason or self._reason))
         self._reason = ""
 
     def _event(self, message: str, **data: Any) -> None:
         log.info("job %s: %s", self.job_id, message)
-        self.buffer.append(EntryKind.EVENT, message=message, data=data)
+        self.buffer.append(EventEntry(message=message, data=data))
 
     def _launch(self, verb: str) -> JobState:
         self._replay_logged_metrics()
@@ -204,7 +217,7 @@ class JobSupervisor:
             nodes=sorted(set(nodes)),
         )
         self.workers.start(JOIN_TIMEOUT_S)
-        warm = bool(getattr(self.workers, "warm_start", False))  # WorkerGroup's spares
+        warm = self.workers.warm_start
         self._event(
             f"workers {verb}" + (" on warm spares" if warm else ""),
             world_size=len(nodes),
@@ -217,40 +230,34 @@ class JobSupervisor:
         """Buffer what rank 0 logged after `reported_step` but nobody passed on: metrics a
         killed rank 0 held since the last poll, or a lost predecessor's. The workers about
         to start resume from the newest checkpoint, which may be past those steps."""
-        if not self.storage.metrics_file.is_file():
-            return
-        for line in self.storage.metrics_file.read_text(encoding="utf-8").splitlines():
-            try:
-                metrics = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short when its writer died
-                continue
-            if metrics["step"] > self.reported_step:
-                self.buffer.append(EntryKind.METRICS, step=metrics["step"], values=metrics)
+        for metrics in logged_metrics_after(self.storage.metrics_file, self.reported_step):
+            if metrics["step"] > self.reported_step:  # a restarted rank 0 logs steps again
+                self.buffer.append(MetricsEntry(step=metrics["step"], values=metrics))
                 self.reported_step = metrics["step"]
 
-    def _collect(self, statuses: list[dict[str, Any]]) -> None:
+    def _collect(self, statuses: list[WorkerStatus]) -> None:
         """Buffer what the ranks produced since the last poll, each entry once."""
         for status in statuses:
-            self._front_step = max(self._front_step, status["step"])
-            for event in status.get("events", []):
-                if self._recovery and event["message"].startswith("restored checkpoint"):
-                    self._recovery.restored_step = event["data"]["step"]
-                self._event(event["message"], **event["data"])
-            for m in status["metrics"]:
+            self._front_step = max(self._front_step, status.step)
+            for event in status.events:
+                if self._recovery and event.message.startswith("restored checkpoint"):
+                    self._recovery.restored_step = event.data["step"]
+                self._event(event.message, **event.data)
+            for m in status.metrics:
                 self._step_time_s = m.get("step_time_s", self._step_time_s)
                 if m["step"] > self.reported_step:
-                    self.buffer.append(EntryKind.METRICS, step=m["step"], values=m)
+                    self.buffer.append(MetricsEntry(step=m["step"], values=m))
                     self.reported_step = m["step"]
-            for commit in status.get("checkpoints", []):
-                self.buffer.append(EntryKind.CHECKPOINT, **commit)
+            for commit in status.checkpoints:
+                self.buffer.append(CheckpointEntry(commit=commit))
         self._note_recovered(statuses)
 
-    def _note_recovered(self, statuses: list[dict[str, Any]]) -> None:
+    def _note_recovered(self, statuses: list[WorkerStatus]) -> None:
         """After a failure, the first step past the restored one ends the recovery: say how
         long it took (MTTR) and how many steps are trained again."""
         rec = self._recovery
         if rec is None or not any(
-            s["phase"] == WorkerPhase.TRAINING and s["step"] > rec.restored_step for s in statuses
+            s.phase == WorkerPhase.TRAINING and s.step > rec.restored_step for s in statuses
         ):
             return
         message, data = rec.closing_event(self._step_time_s)
@@ -261,21 +268,21 @@ class JobSupervisor:
         # A rank that cannot answer (stopped, wedged in C++) is caught within the hang limit.
         statuses = self.workers.poll(min(POLL_TIMEOUT_S, self.spec.fault_tolerance.hang_timeout_s))
         self._collect(statuses)
-        failed = [s for s in statuses if s["phase"] == WorkerPhase.FAILED]
-        if failed and all(s.get("nonfinite") for s in failed):
+        failed = [s for s in statuses if s.phase == WorkerPhase.FAILED]
+        if failed and all(s.nonfinite for s in failed):
             return self._on_nonfinite(failed)
         if failed:
-            self._note_bad_nodes([s["rank"] for s in failed if s.get("lost")])
+            self.health.leave_out(self.workers, [s.rank for s in failed if s.lost], self._event)
             return self._on_failure(
-                "; ".join(f"rank {s['rank']}: {s['error']}" for s in failed),
-                deterministic=any(s.get("deterministic") for s in failed),
+                "; ".join(f"rank {s.rank}: {s.error}" for s in failed),
+                deterministic=any(s.deterministic for s in failed),
                 ranks=first_failed_ranks(failed),
             )
         hung = self._hung_ranks(statuses)
         if hung:
-            self._note_bad_nodes(hung)
+            self.health.leave_out(self.workers, hung, self._event)
             limit = self.spec.fault_tolerance.hang_timeout_s
-            at = {s["rank"]: s["step"] for s in statuses}
+            at = {s.rank: s.step for s in statuses}
             behind = ", ".join(f"rank {r} at step {at[r]}" for r in hung)
             return self._on_failure(
                 f"no progress for {limit:.0f}s on rank(s) {hung} ({behind}; the front at "
@@ -284,30 +291,14 @@ class JobSupervisor:
                 rank_steps=at,
                 stalled_s=stalled_for(statuses, hung),
             )
-        if all(s["phase"] == WorkerPhase.DONE for s in statuses):
-            summary = next((s["summary"] for s in statuses if s["summary"]), None)
-            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+        if all(s.phase == WorkerPhase.DONE for s in statuses):
+            self._append_summary(statuses)
             self.workers.release()
             self._reason = "training finished"
             return JobState.SUCCEEDED
         if self._capacity_is_back():
             return self._grow_back()
         return JobState.RUNNING
-
-    def _note_bad_nodes(self, ranks: list[int]) -> None:
-        """Count a failure on the nodes of `ranks`; a node at its second is left out of
-        the next placement."""
-        if not ranks or not isinstance(self.workers, PlacedWorkers):
-            return
-        for node in self.health.record(self.workers.node_of(ranks)):
-            if self.workers.exclude_nodes({node}):
-                self._event(
-                    f"node {node} left out of this job's next placement: its ranks hung or "
-                    f"died {self.health.failures[node]} times",
-                    node=node,
-                )
-            else:
-                self._event(f"node {node} is failing but is the only one left: kept", node=node)
 
     def _capacity_is_back(self) -> bool:
         """A shrunk elastic job, now and then: could the cluster hold its full size?"""
@@ -323,9 +314,8 @@ class JobSupervisor:
     def _grow_back(self) -> JobState:
         """Checkpoint, stop, and start again at the full layout (from that checkpoint)."""
         statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
-        if statuses and all(s["phase"] == WorkerPhase.DONE for s in statuses):
-            summary = next((s["summary"] for s in statuses if s["summary"]), None)
-            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+        if statuses and all(s.phase == WorkerPhase.DONE for s in statuses):
+            self._append_summary(statuses)
             self.workers.release()
             self._reason = "training finished"
             return JobState.SUCCEEDED
@@ -342,21 +332,25 @@ class JobSupervisor:
         self._reason = f"growing back to dp={self.spec.parallel.dp}"
         return JobState.RESTARTING
 
-    def _hung_ranks(self, statuses: list[dict[str, Any]]) -> list[int]:
+    def _append_summary(self, statuses: list[WorkerStatus]) -> None:
+        summary = next((s.summary for s in statuses if s.summary), None)
+        self.buffer.append(SummaryEntry(summary=summary))
+
+    def _hung_ranks(self, statuses: list[WorkerStatus]) -> list[int]:
         # Joining has its own timeout (JOIN_TIMEOUT_S), and ranks already training wait,
         # rightly, on one still building its model: only a fully started world can hang.
-        if any(s["phase"] in (WorkerPhase.IDLE, WorkerPhase.JOINING) for s in statuses):
+        if any(s.phase in (WorkerPhase.IDLE, WorkerPhase.JOINING) for s in statuses):
             return []
         limit = self.spec.fault_tolerance.hang_timeout_s
         now = time.time()
         hung = [
-            s["rank"]
+            s.rank
             for s in statuses
-            if s["phase"] == WorkerPhase.TRAINING and now - s["last_progress"] > limit
+            if s.phase == WorkerPhase.TRAINING and now - s.last_progress > limit
         ]
         if hung:
-            front = max(s["step"] for s in statuses)
-            behind = [s["rank"] for s in statuses if s["step"] < front]
+            front = max(s.step for s in statuses)
+            behind = [s.rank for s in statuses if s.step < front]
             return behind or hung  # name the ranks that were behind where there are some
         return []
 
@@ -390,16 +384,17 @@ class JobSupervisor:
         recovery.injected, self._injected = self._injected, None
         return recovery
 
-    def _on_nonfinite(self, failed: list[dict[str, Any]]) -> JobState:
+    def _on_nonfinite(self, failed: list[WorkerStatus]) -> JobState:
         """Roll back to the newest snapshot and skip the batch, or fail (the policy says
         which). Not a failure of the infrastructure: it counts against
         max_nonfinite_skips, not max_failures, and nothing waits."""
-        bad = failed[0]["nonfinite"]
-        decision = self.nonfinite.decide(bad["step"], bad["batch"], bad["loss"])
+        bad = failed[0].nonfinite
+        assert bad is not None  # _watch sends only ranks that saw one
+        decision = self.nonfinite.decide(bad.step, bad.batch, bad.loss)
         self._event(
             f"non-finite loss: {decision.reason}",
-            step=bad["step"],
-            batch=bad["batch"],
+            step=bad.step,
+            batch=bad.batch,
             skipped=decision.skip,
         )
         self.workers.kill_workers()
@@ -408,20 +403,20 @@ class JobSupervisor:
             self.workers.release()
             return JobState.FAILED
         self._recovery = self._open_recovery(
-            f"a non-finite loss at step {bad['step']}", [s["rank"] for s in failed]
+            f"a non-finite loss at step {bad.step}", [s.rank for s in failed]
         )
-        self._recovery.skipped = {"step": bad["step"], "batch": bad["batch"]}
+        self._recovery.skipped = {"step": bad.step, "batch": bad.batch}
         return JobState.RESTARTING
 
-    def _stop_workers(self, *, save: bool, grace_s: float) -> list[dict[str, Any]]:
+    def _stop_workers(self, *, save: bool, grace_s: float) -> list[WorkerStatus]:
         """Ask every rank to stop and wait (up to `grace_s`) until all have."""
         self.workers.request_stop(save=save)
         deadline = time.monotonic() + grace_s
-        statuses: list[dict[str, Any]] = []
+        statuses: list[WorkerStatus] = []
         while time.monotonic() < deadline:
             statuses = self.workers.poll(min(POLL_TIMEOUT_S, grace_s))
             self._collect(statuses)
-            if all(s["phase"] in FINISHED for s in statuses):
+            if all(s.phase in FINISHED for s in statuses):
                 break
             time.sleep(POLL_INTERVAL_S)
         return statuses
@@ -435,13 +430,12 @@ class JobSupervisor:
     def _pause_now(self) -> JobState:
         statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
         self.workers.release()
-        if statuses and all(s["phase"] == WorkerPhase.DONE for s in statuses):
-            summary = next((s["summary"] for s in statuses if s["summary"]), None)
-            self.buffer.append(EntryKind.SUMMARY, summary=summary)
+        if statuses and all(s.phase == WorkerPhase.DONE for s in statuses):
+            self._append_summary(statuses)
             self._reason = "training finished before the pause took effect"
             return JobState.SUCCEEDED
-        failed = [str(s["error"]) for s in statuses if s["phase"] == WorkerPhase.FAILED]
-        step = max((s["step"] for s in statuses), default=0)
+        failed = [str(s.error) for s in statuses if s.phase == WorkerPhase.FAILED]
+        step = max((s.step for s in statuses), default=0)
         self._reason = (
             f"paused after step {step}"
             if not failed

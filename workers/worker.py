@@ -11,14 +11,15 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workers.checkpoint_store import RestoreSource
 from workers.faults import ArmedFaults, FaultKind
+from workers.progress import CheckpointCommit
 from workers.spec import JobSpec
+from workers.status import NonFiniteStep, StepMetrics, WorkerEvent, WorkerPhase, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +48,6 @@ def is_deterministic(err: BaseException, *, while_building: bool) -> bool:
     return while_building and isinstance(err, JOB_ERRORS)
 
 
-class WorkerPhase(StrEnum):
-    IDLE = "idle"
-    JOINING = "joining"
-    TRAINING = "training"
-    DONE = "done"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-# Phases after which a worker does nothing more.
-FINISHED = frozenset({WorkerPhase.DONE, WorkerPhase.STOPPED, WorkerPhase.FAILED})
-
-
 @dataclass(frozen=True)
 class CheckpointTargets:
     """Where a job's workers save (its own folder) and may start from, in order."""
@@ -67,29 +55,6 @@ class CheckpointTargets:
     save_dir: str
     restore_from: list[RestoreSource] = field(default_factory=list)
     snapshot_dir: str | None = None  # in-memory snapshots (workers/snapshots.py); None: off
-
-
-@dataclass
-class WorkerStatus:
-    """What a poll returns: plain data, cheap to send."""
-
-    rank: int
-    phase: WorkerPhase
-    step: int
-    loss: float | None
-    last_progress: float  # wall-clock time of the last completed step (or of the start)
-    error: str | None = None
-    deterministic: bool = False  # the error is the job's own: retrying cannot help
-    # Rank 0 only, each since the previous poll:
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)  # {"message", "data"}
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # committed ones
-    summary: dict[str, Any] | None = None
-    # The step whose loss was not finite: {"step", "batch", "loss"} (the error says so too).
-    nonfinite: dict[str, Any] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class TrainingWorker:
@@ -120,11 +85,11 @@ class TrainingWorker:
         self._last_progress = time.time()
         self._error: str | None = None
         self._deterministic = False
-        self._unsent: list[dict[str, Any]] = []
-        self._events: list[dict[str, Any]] = []
-        self._commits: list[dict[str, Any]] = []
+        self._unsent: list[StepMetrics] = []
+        self._events: list[WorkerEvent] = []
+        self._commits: list[CheckpointCommit] = []
         self._summary: dict[str, Any] | None = None
-        self._nonfinite: dict[str, Any] | None = None
+        self._nonfinite: NonFiniteStep | None = None
         self._faults = ArmedFaults()
         self._trainer: Any = None
         self._thread: threading.Thread | None = None
@@ -202,7 +167,7 @@ class TrainingWorker:
                 self._error = f"{type(err).__name__}: {err}"
                 self._deterministic = is_deterministic(err, while_building=building)
                 if isinstance(err, NonFiniteLoss):
-                    self._nonfinite = {"step": err.step, "batch": err.batch, "loss": err.loss}
+                    self._nonfinite = NonFiniteStep(err.step, err.batch, err.loss)
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
 
@@ -225,11 +190,11 @@ class TrainingWorker:
         log.info("%s", message)
         if self.rank == 0:
             with self._lock:
-                self._events.append({"message": message, "data": data})
+                self._events.append(WorkerEvent(message, data))
 
     def _on_checkpoint(self, commit: dict[str, Any]) -> None:
         with self._lock:
-            self._commits.append(commit)
+            self._commits.append(CheckpointCommit.from_summary(commit))
 
     def _on_step(self, step: int) -> None:
         if self._trainer is not None:  # a hang fault stops here: the step never counts
@@ -248,25 +213,25 @@ class TrainingWorker:
                 self._unsent.append(metrics)
         log.info("step %d loss %.4f", metrics["step"], metrics["loss"])
 
-    def poll(self) -> dict[str, Any]:
+    def poll(self) -> WorkerStatus:
         """Status now, plus (rank 0) the metrics logged since the previous poll."""
         with self._lock:
             status = WorkerStatus(
-                self.rank,
-                self._phase,
-                self._step,
-                self._loss,
-                self._last_progress,
-                self._error,
-                self._deterministic,
-                self._unsent,
-                self._events,
-                self._commits,
-                self._summary,
-                self._nonfinite,
+                rank=self.rank,
+                phase=self._phase,
+                step=self._step,
+                loss=self._loss,
+                last_progress=self._last_progress,
+                error=self._error,
+                deterministic=self._deterministic,
+                metrics=self._unsent,
+                events=self._events,
+                checkpoints=self._commits,
+                summary=self._summary,
+                nonfinite=self._nonfinite,
             )
             self._unsent, self._events, self._commits = [], [], []
-        return status.as_dict()
+        return status
 
     def inject_fault(self, kind: str) -> None:
         """Chaos testing (admins, through the supervisor): see workers/faults.py."""

@@ -7,7 +7,6 @@ fastest-varying mesh dim) share a node.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -25,8 +24,9 @@ from ray.util.scheduling_strategies import (
 
 from workers.snapshots import remove_snapshots, snapshot_dir
 from workers.spec import JobSpec
+from workers.status import WorkerPhase, WorkerStatus
 from workers.storage import JobStorage
-from workers.worker import CheckpointTargets, WorkerPhase
+from workers.worker import CheckpointTargets
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +47,6 @@ def bundle_resources(spec: JobSpec) -> dict[str, float]:
 
 def placement_group_name(job_id: str) -> str:
     return f"shardline-job-{job_id}"
-
-
-def dead_status(rank: int, error: str) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "phase": WorkerPhase.FAILED,
-        "step": 0,
-        "loss": None,
-        "last_progress": time.time(),
-        "error": error,
-        "deterministic": False,
-        "lost": True,  # the rank itself died or hung (not a peer's error it saw)
-        "metrics": [],
-        "events": [],
-        "checkpoints": [],
-        "summary": None,
-    }
 
 
 class WorkerGroup:
@@ -247,16 +230,16 @@ class WorkerGroup:
             # Their names (the next attempt's) may not be free yet: skip that attempt.
             self.attempt += 1
 
-    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+    def poll(self, timeout_s: float) -> list[WorkerStatus]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
         refs = [a.poll.remote() for a in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         done = set(ready)
-        statuses = []
+        statuses: list[WorkerStatus] = []
         for rank, ref in enumerate(refs):
             if ref not in done:
                 statuses.append(
-                    dead_status(
+                    WorkerStatus.lost_rank(
                         rank, f"did not answer a poll in {timeout_s:.0f}s (hung or stopped)"
                     )
                 )
@@ -264,7 +247,9 @@ class WorkerGroup:
             try:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
-                statuses.append(dead_status(rank, f"its actor died: {type(err).__name__}"))
+                statuses.append(
+                    WorkerStatus.lost_rank(rank, f"its actor died: {type(err).__name__}")
+                )
         self._spares_when_stepping(statuses)
         return statuses
 
@@ -274,12 +259,12 @@ class WorkerGroup:
             raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
         ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
 
-    def _spares_when_stepping(self, statuses: list[dict[str, Any]]) -> None:
+    def _spares_when_stepping(self, statuses: list[WorkerStatus]) -> None:
         """Make the spares once every rank has finished a step of this attempt: starting
         processes sooner would slow the world's own start."""
-        if not all(st["phase"] == WorkerPhase.TRAINING for st in statuses):
+        if not all(st.phase == WorkerPhase.TRAINING for st in statuses):
             return
-        steps = [st["step"] for st in statuses]
+        steps = [st.step for st in statuses]
         if self._started_at_steps is None:
             self._started_at_steps = steps
         elif all(now > then for now, then in zip(steps, self._started_at_steps, strict=True)):

@@ -5,6 +5,7 @@ themselves)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
 from service.store import ConcurrentUpdate, JobStore
 from tests.api.conftest import Backend
 from workers.lifecycle import JobState
+from workers.progress import EventEntry
 from workers.recovery import RECOVERY_EVENT
 
 SPEC: dict[str, Any] = {"name": "faulty", "parallel": {"dp": 2}, "train": {"steps": 7}}
@@ -71,16 +73,15 @@ def test_get_job_shows_restarts_steps_and_seconds_lost_and_goodput(
     running(backend, job["id"], started_s_ago=100.0)
     store = JobStore(backend.db)
     store.transition(job["id"], JobState.RESTARTING, "boom", restarts=1)
-    recovery = {
-        "seq": 1,
-        "kind": "event",
-        "message": "recovered in 4.0s",
-        "data": {"kind": RECOVERY_EVENT, "steps_lost": 3, "seconds_lost": 10.0},
-    }
+    recovery = EventEntry(
+        seq=1,
+        message="recovered in 4.0s",
+        data={"kind": RECOVERY_EVENT, "steps_lost": 3, "seconds_lost": 10.0},
+    )
     store.record_progress(job["id"], [recovery], after_seq=0)
     with pytest.raises(ConcurrentUpdate):  # a replay of the same entries counts nothing
         store.record_progress(job["id"], [recovery], after_seq=0)
-    store.record_progress(job["id"], [{**recovery, "seq": 2}], after_seq=1)
+    store.record_progress(job["id"], [replace(recovery, seq=2)], after_seq=1)
     store.transition(job["id"], JobState.RUNNING, "back")
     store.transition(job["id"], JobState.SUCCEEDED, "done")
     shown = c.get(job["id"])

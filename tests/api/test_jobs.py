@@ -10,6 +10,7 @@ import pytest
 from api.client import Client, NotFound
 from service.store import JobStore
 from tests.api.conftest import Backend
+from workers.progress import EventEntry, MetricsEntry, ProgressEntry
 
 SPEC: dict[str, Any] = {"name": "api-job", "train": {"steps": 7}}
 
@@ -99,13 +100,12 @@ def test_events_metrics_and_logs_read_from_where_the_caller_left_off(backend: Ba
     with backend.client(token) as c:
         job_id = c.submit(SPEC)["id"]
         # What the reconciler writes for a job that ran: five logged steps, two events.
-        entries: list[dict[str, Any]] = [
-            {"seq": s, "kind": "metrics", "step": s, "values": {"step": s, "loss": 9.0 - s}}
-            for s in range(1, 6)
+        entries: list[ProgressEntry] = [
+            MetricsEntry(seq=s, step=s, values={"step": s, "loss": 9.0 - s}) for s in range(1, 6)
         ]
         entries += [
-            {"seq": 6, "kind": "event", "message": "workers started"},
-            {"seq": 7, "kind": "event", "message": "step 5 reached"},
+            EventEntry(seq=6, message="workers started"),
+            EventEntry(seq=7, message="step 5 reached"),
         ]
         JobStore(backend.db).record_progress(job_id, entries, after_seq=0)
         assert [m["step"] for m in c.metrics(job_id, since_step=3)] == [4, 5]

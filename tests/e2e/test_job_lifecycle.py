@@ -18,6 +18,7 @@ from service.store import JobStore
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
 from workers.actors import NAMESPACE, supervisor_name
 from workers.engine.launch import train_local
+from workers.progress import MetricsEntry, ProgressEntry
 from workers.spec import JobSpec
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
@@ -31,8 +32,8 @@ def supervisor_step_after(address: str, job_id: str, step: int, timeout: float =
     deadline = time.monotonic() + timeout
     while True:
         progress: Any = ray.get(supervisor.read.remote(0), timeout=60)
-        entries = progress["entries"]
-        newest = max((e["step"] for e in entries if e["kind"] == "metrics"), default=0)
+        entries: list[ProgressEntry] = progress["entries"]
+        newest = max((e.step for e in entries if isinstance(e, MetricsEntry)), default=0)
         if newest > step or time.monotonic() > deadline:
             return newest
         time.sleep(0.5)

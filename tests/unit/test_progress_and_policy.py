@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 
 from workers.failure_policy import FailurePolicy
-from workers.progress import EntryKind, ProgressBuffer
+from workers.progress import MetricsEntry, ProgressBuffer
 
 
 def test_readers_resuming_after_n_see_each_entry_once() -> None:
     buffer = ProgressBuffer()
     threads = [
         threading.Thread(
-            target=lambda: [buffer.append(EntryKind.METRICS, step=i) for i in range(100)]
+            target=lambda: [
+                buffer.append(MetricsEntry(step=i, values={"step": i})) for i in range(100)
+            ]
         )
         for _ in range(4)
     ]
@@ -23,9 +25,9 @@ def test_readers_resuming_after_n_see_each_entry_once() -> None:
     for t in threads:
         t.join()
         batch = buffer.after(last)
-        seen += [e["seq"] for e in batch]
-        last = batch[-1]["seq"] if batch else last
-    seen += [e["seq"] for e in buffer.after(last)]
+        seen += [e.seq for e in batch]
+        last = batch[-1].seq if batch else last
+    seen += [e.seq for e in buffer.after(last)]
     assert seen == list(range(1, 401))
 
 

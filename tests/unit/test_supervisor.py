@@ -11,15 +11,18 @@ import pytest
 import workers.supervisor as supervisor_module
 from workers.failure_policy import FailurePolicy
 from workers.lifecycle import JobState
-from workers.progress import ProgressBuffer
+from workers.progress import EventEntry, MetricsEntry, ProgressBuffer, StateEntry
 from workers.spec import JobSpec
+from workers.status import WorkerPhase, WorkerStatus
 from workers.supervisor import JobSupervisor
 
 
 class FakeWorkers:
     """Scripted polls: each call to poll() returns the next list of statuses."""
 
-    def __init__(self, polls: list[list[dict[str, Any]]]) -> None:
+    warm_start = False
+
+    def __init__(self, polls: list[list[WorkerStatus]]) -> None:
         self.polls = polls
         self.log: list[str] = []
         self.polls_at: list[int] = []
@@ -31,7 +34,7 @@ class FakeWorkers:
     def start(self, join_timeout_s: float) -> None:
         self.log.append("start")
 
-    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+    def poll(self, timeout_s: float) -> list[WorkerStatus]:
         # Which start (1st, 2nd, ...) the workers being polled came from.
         self.polls_at.append(self.log.count("start"))
         return self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
@@ -56,17 +59,17 @@ def status(
     metrics: list[int] | None = None,
     last_progress: float | None = None,
     error: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "phase": phase,
-        "step": step,
-        "loss": 1.0,
-        "last_progress": time.time() if last_progress is None else last_progress,
-        "error": error,
-        "metrics": [{"step": s, "loss": 1.0} for s in metrics or []],
-        "summary": {"final_loss": 1.0} if phase == "done" else None,
-    }
+) -> WorkerStatus:
+    return WorkerStatus(
+        rank=rank,
+        phase=WorkerPhase(phase),
+        step=step,
+        loss=1.0,
+        last_progress=time.time() if last_progress is None else last_progress,
+        error=error,
+        metrics=[{"step": s, "loss": 1.0} for s in metrics or []],
+        summary={"final_loss": 1.0} if phase == "done" else None,
+    )
 
 
 def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
@@ -91,7 +94,7 @@ def _no_backoff(decide: Any) -> Any:
 
 
 def states(buffer: ProgressBuffer) -> list[str]:
-    return [e["state"] for e in buffer.after(0) if e["kind"] == "state"]
+    return [e.state for e in buffer.after(0) if isinstance(e, StateEntry)]
 
 
 def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
@@ -105,8 +108,8 @@ def test_runs_to_success_and_reports_each_metric_once(tmp_path: Path) -> None:
     sup = make(tmp_path, workers)
     assert sup.run() == JobState.SUCCEEDED
     entries = sup.buffer.after(0)
-    assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
-    assert [e["step"] for e in entries if e["kind"] == "metrics"] == [1, 2]
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    assert [e.step for e in entries if isinstance(e, MetricsEntry)] == [1, 2]
     assert states(sup.buffer) == ["RUNNING", "SUCCEEDED"]
     assert workers.log == ["reserve", "start", "release"]
     assert (tmp_path / "job1" / "spec.json").is_file()
@@ -121,10 +124,10 @@ def test_a_failed_rank_restarts_then_gives_up_after_max_failures(tmp_path: Path)
     assert states(sup.buffer) == ["RUNNING", "RESTARTING", "RUNNING", "FAILED"]
     # Each failure tore the workers down; the retry started a fresh set; giving up freed them.
     assert workers.log == ["reserve", "start", "kill", "reserve", "start", "kill", "release"]
-    final = [e for e in sup.buffer.after(0) if e["kind"] == "state"][-1]
-    assert "rank 1: boom" in final["reason"] and "max_failures=1" in final["reason"]
+    final = [e for e in sup.buffer.after(0) if isinstance(e, StateEntry)][-1]
+    assert "rank 1: boom" in final.reason and "max_failures=1" in final.reason
     # Step 1's metrics were sent before the restart and not again after it.
-    assert [e["step"] for e in sup.buffer.after(0) if e["kind"] == "metrics"] == [1]
+    assert [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)] == [1]
 
 
 def test_a_restarted_job_runs_on_fresh_workers_to_success(tmp_path: Path) -> None:
@@ -155,9 +158,9 @@ def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
     failure = next(
         e
         for e in sup.buffer.after(0)
-        if e["kind"] == "event" and e["message"].startswith("failure")
+        if isinstance(e, EventEntry) and e.message.startswith("failure")
     )
-    assert "no progress for 10s on rank(s) [1]" in failure["message"]
+    assert "no progress for 10s on rank(s) [1]" in failure.message
 
 
 def test_cancel_stops_and_releases(tmp_path: Path) -> None:

@@ -3,13 +3,16 @@ knows its nodes and can be resized."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import workers.supervisor as supervisor_module
 from tests.unit.test_supervisor import FakeWorkers, no_waiting, status
 from workers.lifecycle import JobState
+from workers.progress import EventEntry
 from workers.spec import JobSpec
+from workers.status import WorkerStatus
 from workers.supervisor import JobSupervisor
 
 __all__ = ["no_waiting"]  # the autouse fixture: no poll interval, no backoff
@@ -18,7 +21,7 @@ __all__ = ["no_waiting"]  # the autouse fixture: no poll interval, no backoff
 class PlacedFakeWorkers(FakeWorkers):
     """Rank r runs on nodes[r]; remembers exclusions and resizes."""
 
-    def __init__(self, polls: list[list[dict[str, Any]]], nodes: list[str]) -> None:
+    def __init__(self, polls: list[list[WorkerStatus]], nodes: list[str]) -> None:
         super().__init__(polls)
         self.nodes = nodes
         self.excluded: set[str] = set()
@@ -39,8 +42,8 @@ class PlacedFakeWorkers(FakeWorkers):
         return self.room
 
 
-def lost(rank: int) -> dict[str, Any]:
-    return {**status(rank, "failed", 0, error="its actor died"), "lost": True}
+def lost(rank: int) -> WorkerStatus:
+    return replace(status(rank, "failed", 0, error="its actor died"), lost=True)
 
 
 def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
@@ -51,7 +54,7 @@ def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
 
 
 def events(sup: JobSupervisor) -> list[str]:
-    return [e["message"] for e in sup.buffer.after(0) if e["kind"] == "event"]
+    return [e.message for e in sup.buffer.after(0) if isinstance(e, EventEntry)]
 
 
 def test_a_node_where_ranks_died_twice_is_left_out_and_named(tmp_path: Path) -> None:

@@ -11,30 +11,21 @@ from typing import Any
 import workers.supervisor as supervisor_module
 from workers.checkpoint_store import RestoreSource
 from workers.lifecycle import JobState
-from workers.progress import EntryKind
+from workers.progress import CheckpointCommit, CheckpointEntry, EventEntry, MetricsEntry
 from workers.spec import JobSpec
+from workers.status import WorkerEvent, WorkerPhase, WorkerStatus
 from workers.supervisor import JobSupervisor, checkpoint_targets
-from workers.worker import WorkerPhase
 
 
-def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "phase": phase,
-        "step": step,
-        "loss": 1.0,
-        "last_progress": time.time(),
-        "error": None,
-        "metrics": [],
-        "events": [],
-        "checkpoints": [],
-        "summary": None,
-        **extra,
-    }
+def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:
+    fields: dict[str, Any] = {"last_progress": time.time(), **extra}
+    return WorkerStatus(rank=rank, phase=phase, step=step, loss=1.0, **fields)
 
 
 class PausableWorkers:
     """Two ranks that train until asked to stop, then report a checkpoint and stop."""
+
+    warm_start = False
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -46,19 +37,19 @@ class PausableWorkers:
     def start(self, join_timeout_s: float) -> None:
         self.calls.append("start")
 
-    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+    def poll(self, timeout_s: float) -> list[WorkerStatus]:
         if not self.stopping:
             return [status(0, WorkerPhase.TRAINING, 5), status(1, WorkerPhase.TRAINING, 5)]
-        commit = {
-            "step": 6,
-            "path": "/x/step-00000006",
-            "bytes": 10,
-            "layout": "l",
-            "save_s": 0.5,
-            "blocking_s": 0.5,
-            "deleted": [],
-        }
-        event = {"message": "checkpoint step 6 committed", "data": {"step": 6}}
+        commit = CheckpointCommit(
+            step=6,
+            path="/x/step-00000006",
+            bytes=10,
+            layout="l",
+            save_s=0.5,
+            blocking_s=0.5,
+            deleted=[],
+        )
+        event = WorkerEvent("checkpoint step 6 committed", {"step": 6})
         first = status(0, WorkerPhase.STOPPED, 6, checkpoints=[commit], events=[event])
         self.stopping = False  # reported once, as a real rank does
         self.stopped = True
@@ -89,9 +80,9 @@ def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch:
     assert sup.step() == JobState.PAUSED
     assert workers.calls == ["start", "stop(save=True)", "release"]
     entries = sup.buffer.after(0)
-    checkpoints = [e for e in entries if e["kind"] == EntryKind.CHECKPOINT]
-    assert [c["step"] for c in checkpoints] == [6]
-    assert any(e["kind"] == EntryKind.EVENT and "committed" in e["message"] for e in entries)
+    checkpoints = [e for e in entries if isinstance(e, CheckpointEntry)]
+    assert [c.commit.step for c in checkpoints] == [6]
+    assert any(isinstance(e, EventEntry) and "committed" in e.message for e in entries)
     assert sup._reason == "paused after step 6"
 
 
@@ -118,6 +109,6 @@ def test_a_replacement_supervisor_replays_metrics_the_database_never_got(
     spec = JobSpec(name="t").model_dump_json()
     sup = JobSupervisor("job3", spec, str(tmp_path), PausableWorkers(), recorded_step=5)
     assert sup.step() == JobState.RUNNING
-    replayed = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.METRICS]
-    assert [e["step"] for e in replayed] == [6, 7, 8]
+    replayed = [e for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
+    assert [e.step for e in replayed] == [6, 7, 8]
     assert sup.reported_step == 8

@@ -13,31 +13,21 @@ import pytest
 
 import workers.supervisor as supervisor_module
 from workers.lifecycle import JobState
-from workers.progress import EntryKind
+from workers.progress import EventEntry, StateEntry
 from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
+from workers.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
 from workers.supervisor import FaultRefused, JobSupervisor
-from workers.worker import WorkerPhase
 
 
-def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "phase": phase,
-        "step": step,
-        "loss": 1.0,
-        "last_progress": time.time(),
-        "error": None,
-        "metrics": [],
-        "events": [],
-        "checkpoints": [],
-        "summary": {"final_loss": 1.0} if phase == WorkerPhase.DONE else None,
-        **extra,
-    }
+def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:
+    summary = {"final_loss": 1.0} if phase == WorkerPhase.DONE else None
+    fields: dict[str, Any] = {"last_progress": time.time(), "summary": summary, **extra}
+    return WorkerStatus(rank=rank, phase=phase, step=step, loss=1.0, **fields)
 
 
-def nonfinite(rank: int, step: int, batch: int) -> dict[str, Any]:
-    bad = {"step": step, "batch": batch, "loss": float("nan")}
+def nonfinite(rank: int, step: int, batch: int) -> WorkerStatus:
+    bad = NonFiniteStep(step=step, batch=batch, loss=float("nan"))
     return status(rank, WorkerPhase.FAILED, step - 1, error="NonFiniteLoss: ...", nonfinite=bad)
 
 
@@ -45,9 +35,11 @@ class ScriptedWorkers:
     """Each start of the workers plays the next script: a list of polls, the last one
     repeated. Records what the supervisor asked for."""
 
-    def __init__(self, scripts: list[list[list[dict[str, Any]]]]) -> None:
+    warm_start = False
+
+    def __init__(self, scripts: list[list[list[WorkerStatus]]]) -> None:
         self.scripts = scripts
-        self.script: list[list[dict[str, Any]]] = []
+        self.script: list[list[WorkerStatus]] = []
         self.calls: list[str] = []
         self.stopping = False
 
@@ -59,7 +51,7 @@ class ScriptedWorkers:
         self.calls.append("start")
         self.script = list(self.scripts.pop(0)) if self.scripts else []
 
-    def poll(self, timeout_s: float) -> list[dict[str, Any]]:
+    def poll(self, timeout_s: float) -> list[WorkerStatus]:
         if self.stopping:
             return [status(0, WorkerPhase.STOPPED, 3), status(1, WorkerPhase.STOPPED, 3)]
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
@@ -83,12 +75,12 @@ def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
     return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
 
 
-def events(sup: JobSupervisor) -> list[dict[str, Any]]:
-    return [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.EVENT]
+def events(sup: JobSupervisor) -> list[EventEntry]:
+    return [e for e in sup.buffer.after(0) if isinstance(e, EventEntry)]
 
 
 def states(sup: JobSupervisor) -> list[str]:
-    return [e["state"] for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE]
+    return [e.state for e in sup.buffer.after(0) if isinstance(e, StateEntry)]
 
 
 @pytest.fixture(autouse=True)
@@ -132,13 +124,13 @@ def test_a_nonfinite_loss_rolls_back_skips_the_batch_and_finishes(tmp_path: Path
     assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
     assert sup.failures == 0
     assert SkippedBatches(str(sup.storage.checkpoints_dir)).read() == [{"step": 6, "batch": 6}]
-    said = next(e for e in events(sup) if e["message"].startswith("non-finite loss"))
-    assert said["data"] == {"step": 6, "batch": 6, "skipped": True}
-    assert "skipping batch 6" in said["message"]
-    recovered = next(e for e in events(sup) if e["message"].startswith("recovered"))
-    assert recovered["data"]["skipped"] == {"step": 6, "batch": 6}
-    assert recovered["data"]["cause"] == "a non-finite loss at step 6"
-    assert recovered["data"]["ranks"] == [0, 1]
+    said = next(e for e in events(sup) if e.message.startswith("non-finite loss"))
+    assert said.data == {"step": 6, "batch": 6, "skipped": True}
+    assert "skipping batch 6" in said.message
+    recovered = next(e for e in events(sup) if e.message.startswith("recovered"))
+    assert recovered.data["skipped"] == {"step": 6, "batch": 6}
+    assert recovered.data["cause"] == "a non-finite loss at step 6"
+    assert recovered.data["ranks"] == [0, 1]
 
 
 def test_a_nonfinite_loss_at_the_same_step_again_fails_at_once(tmp_path: Path) -> None:
@@ -147,8 +139,8 @@ def test_a_nonfinite_loss_at_the_same_step_again_fails_at_once(tmp_path: Path) -
     workers = ScriptedWorkers([bad, again])
     sup = make(tmp_path, workers, max_failures=5, max_nonfinite_skips=5)
     assert sup.run() == JobState.FAILED
-    final = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE][-1]
-    assert "step 6 is not finite (nan) again after rolling back" in final["reason"]
+    final = [e for e in sup.buffer.after(0) if isinstance(e, StateEntry)][-1]
+    assert "step 6 is not finite (nan) again after rolling back" in final.reason
     assert workers.calls.count("start") == 2  # failed at once: no third start
 
 
@@ -156,8 +148,8 @@ def test_past_max_nonfinite_skips_the_job_fails_naming_the_limit(tmp_path: Path)
     workers = ScriptedWorkers([[[nonfinite(0, 3, 3), nonfinite(1, 3, 3)]]])
     sup = make(tmp_path, workers, max_nonfinite_skips=0)
     assert sup.run() == JobState.FAILED
-    final = [e for e in sup.buffer.after(0) if e["kind"] == EntryKind.STATE][-1]
-    assert "max_nonfinite_skips=0" in final["reason"] and "step 3" in final["reason"]
+    final = [e for e in sup.buffer.after(0) if isinstance(e, StateEntry)][-1]
+    assert "max_nonfinite_skips=0" in final.reason and "step 3" in final.reason
     assert workers.calls == ["reserve", "start", "kill", "release"]
 
 
@@ -167,7 +159,7 @@ def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Pa
         status(0, WorkerPhase.TRAINING, 4, metrics=metrics),
         status(1, WorkerPhase.TRAINING, 4),
     ]
-    restored = {"message": "restored checkpoint step 2", "data": {"step": 2}}
+    restored = WorkerEvent("restored checkpoint step 2", {"step": 2})
     after = [
         status(0, WorkerPhase.TRAINING, 3, events=[restored]),
         status(1, WorkerPhase.TRAINING, 3),
@@ -177,7 +169,7 @@ def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Pa
     sup = make(tmp_path, workers, max_failures=1)
     sup.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
-    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["cause"] == "rank 1: boom"
     assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
     assert rec["restored_step"] == 2 and rec["front_step"] == 4 and rec["steps_lost"] == 2
@@ -197,9 +189,9 @@ def test_a_hang_names_the_ranks_behind_and_where_each_stood(tmp_path: Path) -> N
     sup = make(tmp_path, workers, hang_timeout_s=10, max_failures=1)
     sup.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
-    failure = next(e for e in events(sup) if e["message"].startswith("failure"))
-    assert "rank 1 at step 6; the front at step 7" in failure["message"]
-    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    failure = next(e for e in events(sup) if e.message.startswith("failure"))
+    assert "rank 1 at step 6; the front at step 7" in failure.message
+    rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
     assert rec["rank_steps"] == {0: 7, 1: 6}
     # Counted from when rank 1 stalled (50 s ago), not from when the hang was noticed.
@@ -216,7 +208,7 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     sup._enter(sup.step())  # launch: RUNNING
     sup.inject_fault("raise", 1)
     assert workers.calls[-1] == "fault raise 1"
-    assert events(sup)[-1]["message"] == "fault injected: raise on rank 1"
+    assert events(sup)[-1].message == "fault injected: raise on rank 1"
     with pytest.raises(ValueError):
         sup.inject_fault("explode", 0)
     workers.script = [BOOM]
@@ -236,6 +228,6 @@ def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Pa
     sup = make(tmp_path, workers, max_failures=1)
     sup.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
-    rec = next(e for e in events(sup) if e["message"].startswith("recovered"))["data"]
+    rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
     assert "Connection reset" in rec["cause"] and "its actor died" in rec["cause"]
