@@ -226,11 +226,14 @@ class JobSupervisor:
         self._reason = f"{len(nodes)} workers {verb}"
         return JobState.RUNNING
 
-    def _replay_logged_metrics(self) -> None:
-        """Buffer what rank 0 logged after `reported_step` but nobody passed on: metrics a
-        killed rank 0 held since the last poll, or a lost predecessor's. The workers about
-        to start resume from the newest checkpoint, which may be past those steps."""
+    def _replay_logged_metrics(self, before: int | None = None) -> None:
+        """Buffer what rank 0 logged after `reported_step` (and before `before`) but nobody
+        passed on: metrics a killed rank 0 held since the last poll, or a lost
+        predecessor's. The workers about to start resume from the newest checkpoint, which
+        may be past those steps."""
         for metrics in logged_metrics_after(self.storage.metrics_file, self.reported_step):
+            if before is not None and metrics["step"] >= before:
+                continue
             if metrics["step"] > self.reported_step:  # a restarted rank 0 logs steps again
                 self.buffer.append(MetricsEntry(step=metrics["step"], values=metrics))
                 self.reported_step = metrics["step"]
@@ -245,6 +248,10 @@ class JobSupervisor:
                 self._event(event.message, **event.data)
             for m in status.metrics:
                 self._step_time_s = m.get("step_time_s", self._step_time_s)
+                if m["step"] > self.reported_step + self.spec.train.log_every:
+                    # A gap: a rank 0 whose polls never arrived logged those steps (a
+                    # world restored past them). Its metrics file has them.
+                    self._replay_logged_metrics(before=m["step"])
                 if m["step"] > self.reported_step:
                     self.buffer.append(MetricsEntry(step=m["step"], values=m))
                     self.reported_step = m["step"]

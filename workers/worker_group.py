@@ -7,6 +7,7 @@ fastest-varying mesh dim) share a node.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +36,8 @@ NODE_ID_LABEL = "ray.io/node-id"
 CLEANUP_TIMEOUT_S = 30.0
 # A warm spare that does not answer this fast is not worth waiting for: start a fresh one.
 SPARE_CHECK_S = 5.0
+# How long a restart waits for Ray to confirm the old ranks are dead.
+KILL_CONFIRM_S = 10.0
 
 
 def bundle_resources(spec: JobSpec) -> dict[str, float]:
@@ -275,8 +278,19 @@ class WorkerGroup:
             a.stop.remote(save)
 
     def kill_workers(self) -> None:
+        """Kill every rank and wait (bounded) until Ray reports each one dead: a rank that
+        was only stopped or wedged must not wake beside the next attempt's workers and go
+        on logging metrics and writing checkpoints."""
         for a in self.actors:
             ray.kill(a, no_restart=True)
+        deadline = time.monotonic() + KILL_CONFIRM_S
+        alive = list(self.actors)
+        while alive and time.monotonic() < deadline:
+            alive = [a for a in alive if _answers(a, deadline - time.monotonic())]
+            if alive:
+                time.sleep(0.1)
+        if alive:
+            log.warning("job %s: %d killed rank(s) not yet seen dead", self.job_id, len(alive))
         self.actors = []
 
     def release(self) -> None:
@@ -300,3 +314,14 @@ class WorkerGroup:
         except Exception as err:  # never let cleanup keep a job from ending
             log.warning("job %s: removing snapshots failed: %s", self.job_id, err)
         self._snapshot_nodes.clear()
+
+
+def _answers(actor: Any, timeout_s: float) -> bool:
+    """Whether `actor` still answers (or cannot be judged within `timeout_s`)."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=max(timeout_s, 0.1))
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return True

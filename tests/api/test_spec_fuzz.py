@@ -69,12 +69,11 @@ def _names_a_field(field: str, spec: dict[str, Any]) -> bool:
     if field in PATHS:
         return True
     node: Any = spec
-    for part in field.split(".") if field else [None]:
+    # "" names a field only where the request holds a key "" (an unknown field of that name).
+    for part in field.split("."):
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif (
-            isinstance(node, list) and part is not None and part.isdigit() and int(part) < len(node)
-        ):
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return False

@@ -4,6 +4,7 @@ event tells, and injecting faults."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 import workers.supervisor as supervisor_module
 from workers.lifecycle import JobState
-from workers.progress import EventEntry, StateEntry
+from workers.progress import EventEntry, MetricsEntry, StateEntry
 from workers.skipped_batches import SkippedBatches
 from workers.spec import JobSpec
 from workers.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
@@ -88,13 +89,19 @@ def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.01)
 
 
-BOOM = [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, error="boom")]
-TRAINING = [status(0, WorkerPhase.TRAINING, 5), status(1, WorkerPhase.TRAINING, 5)]
+def boom() -> list[WorkerStatus]:
+    return [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, error="boom")]
+
+
+def training() -> list[WorkerStatus]:
+    # Made when the test runs: a status made at import would look hung to a supervisor
+    # whose test runs more than hang_timeout_s after collection (as in the full suite).
+    return [status(0, WorkerPhase.TRAINING, 5), status(1, WorkerPhase.TRAINING, 5)]
 
 
 @pytest.mark.parametrize("interrupt", ["cancel", "pause"])
 def test_a_cancel_or_pause_does_not_wait_out_the_backoff(tmp_path: Path, interrupt: str) -> None:
-    workers = ScriptedWorkers([[BOOM], [TRAINING]])
+    workers = ScriptedWorkers([[boom()], [training()]])
     sup = make(tmp_path, workers, max_failures=5)
     sup.policy.base_backoff_s = 120.0  # a backoff far longer than this test may take
     runner = threading.Thread(target=sup.run, daemon=True)
@@ -116,7 +123,7 @@ def test_a_cancel_or_pause_does_not_wait_out_the_backoff(tmp_path: Path, interru
 
 def test_a_nonfinite_loss_rolls_back_skips_the_batch_and_finishes(tmp_path: Path) -> None:
     done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
-    workers = ScriptedWorkers([[[nonfinite(0, 6, 6), nonfinite(1, 6, 6)]], [TRAINING, done]])
+    workers = ScriptedWorkers([[[nonfinite(0, 6, 6), nonfinite(1, 6, 6)]], [training(), done]])
     sup = make(tmp_path, workers, max_failures=0, max_nonfinite_skips=2)
     assert sup.run() == JobState.SUCCEEDED
     assert states(sup) == ["RUNNING", "RESTARTING", "RUNNING", "SUCCEEDED"]
@@ -165,7 +172,7 @@ def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Pa
         status(1, WorkerPhase.TRAINING, 3),
     ]
     done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
-    workers = ScriptedWorkers([[before, BOOM], [after, done]])
+    workers = ScriptedWorkers([[before, boom()], [after, done]])
     sup = make(tmp_path, workers, max_failures=1)
     sup.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
@@ -201,7 +208,7 @@ def test_a_hang_names_the_ranks_behind_and_where_each_stood(tmp_path: Path) -> N
 def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     tmp_path: Path,
 ) -> None:
-    workers = ScriptedWorkers([[TRAINING]])
+    workers = ScriptedWorkers([[training()]])
     sup = make(tmp_path, workers)
     with pytest.raises(FaultRefused, match="STARTING"):
         sup.inject_fault("kill", 1)
@@ -211,7 +218,7 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     assert events(sup)[-1].message == "fault injected: raise on rank 1"
     with pytest.raises(ValueError):
         sup.inject_fault("explode", 0)
-    workers.script = [BOOM]
+    workers.script = [boom()]
     sup._enter(sup.step())
     assert sup.state == JobState.RESTARTING
     assert sup._recovery is not None and sup._recovery.injected == "raise on rank 1"
@@ -224,10 +231,48 @@ def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Pa
     dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError")
     broken = status(0, WorkerPhase.FAILED, 4, error="RuntimeError: Connection reset by peer")
     done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
-    workers = ScriptedWorkers([[[broken, dead]], [TRAINING, done]])
+    workers = ScriptedWorkers([[[broken, dead]], [training(), done]])
     sup = make(tmp_path, workers, max_failures=1)
     sup.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
     rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
     assert "Connection reset" in rec["cause"] and "its actor died" in rec["cause"]
+
+
+class LoggingWorkers(ScriptedWorkers):
+    """Rank 0 appends every step it logs to the job's metrics file, as a worker does."""
+
+    def __init__(self, scripts: list[list[list[WorkerStatus]]], metrics_file: Path) -> None:
+        super().__init__(scripts)
+        self.metrics_file = metrics_file
+        self.logged: list[dict[str, Any]] = []
+
+    def poll(self, timeout_s: float) -> list[WorkerStatus]:
+        statuses = super().poll(timeout_s)
+        with self.metrics_file.open("a") as out:
+            for step in range(len(self.logged) + 1, statuses[0].step + 1):
+                self.logged.append({"step": step, "loss": 1.0})
+                out.write(json.dumps(self.logged[-1]) + "\n")
+        return statuses
+
+
+def test_steps_whose_poll_was_lost_are_taken_from_the_metrics_file(tmp_path: Path) -> None:
+    # Rank 0 logged step 3 to the job's metrics file, but the poll that carried it never
+    # arrived (a rank 0 killed or abandoned mid-poll): the gap is filled from the file.
+    sent = [{"step": s, "loss": 1.0} for s in (1, 2, 3, 4)]
+    first = [
+        status(0, WorkerPhase.TRAINING, 2, metrics=sent[:2]),
+        status(1, WorkerPhase.TRAINING, 2),
+    ]
+    later = [
+        status(0, WorkerPhase.TRAINING, 4, metrics=sent[3:]),
+        status(1, WorkerPhase.TRAINING, 4),
+    ]
+    done = [status(0, WorkerPhase.DONE, 4), status(1, WorkerPhase.DONE, 4)]
+    spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}})
+    workers = LoggingWorkers([[first, later, done]], tmp_path / "job1" / "metrics.jsonl")
+    sup = JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+    assert sup.run() == JobState.SUCCEEDED
+    steps = [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
+    assert steps == [1, 2, 3, 4]
