@@ -17,7 +17,7 @@ setup: $(STAMP)
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy api service workers bench tests
-	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra tests
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra --durations=15 tests
 
 lint: setup
 	$(BIN)/ruff check .
