@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workers.net import free_port
@@ -68,6 +68,8 @@ class LocalRay:
     pid: int
     record: Path
     auth_token: Path
+    # The embedded head is loopback-only; a test cluster that takes other nodes is not.
+    loopback: bool = True
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -76,7 +78,7 @@ class LocalRay:
         return {
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(self.auth_token),
-            **LOOPBACK_ENV,
+            **(LOOPBACK_ENV if self.loopback else {k: "1" for k in LOOPBACK_ENV}),
         }
 
     def use_auth(self) -> None:
@@ -89,7 +91,7 @@ class LocalRay:
         if constants is not None:
             # Imported already (a test process): the switch is read where it is used, so
             # setting it still makes this driver's node address loopback, as the head's.
-            setattr(constants, "ENABLE_RAY_CLUSTER", False)  # noqa: B010
+            setattr(constants, "ENABLE_RAY_CLUSTER", not self.loopback)  # noqa: B010
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the head and every Ray process it started (all share its session)."""
@@ -160,15 +162,24 @@ def find_local_ray(state_dir: Path) -> LocalRay | None:
     if not record.is_file():
         return None
     data = json.loads(record.read_text())
-    head = LocalRay(data["address"], int(data["pid"]), record, _auth_token(state_dir))
+    head = LocalRay(
+        data["address"],
+        int(data["pid"]),
+        record,
+        _auth_token(state_dir),
+        data.get("loopback", True),
+    )
     if _alive(head.pid) and _listening(head.address):
         return head
     record.unlink(missing_ok=True)
     return None
 
 
-def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> LocalRay:
-    """Reuse this state dir's running head, or start one with `num_cpus` logical CPUs."""
+def start_local_ray(
+    state_dir: Path, num_cpus: int, timeout_s: float = 90.0, *, loopback: bool = True
+) -> LocalRay:
+    """Reuse this state dir's running head, or start one with `num_cpus` logical CPUs.
+    `loopback=False` (tests of several nodes on one host) lets other nodes join."""
     existing = find_local_ray(state_dir)
     if existing is not None:
         log.info("re-attaching to local Ray head %s", existing.address)
@@ -193,7 +204,8 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
     ]
     token = _auth_token(state_dir)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), **LOOPBACK_ENV})
+    head = LocalRay(address, 0, log_dir / "head.json", token, loopback)
+    env.update(head.auth_env)
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(
             cmd,
@@ -203,13 +215,13 @@ def start_local_ray(state_dir: Path, num_cpus: int, timeout_s: float = 90.0) -> 
             start_new_session=True,
             env=env,
         )
-    head = LocalRay(address, proc.pid, log_dir / "head.json", token)
+    head = replace(head, pid=proc.pid)
     deadline = time.monotonic() + timeout_s
     while not _listening(address):
         if proc.poll() is not None or time.monotonic() > deadline:
             head.stop()
             raise RuntimeError(f"local Ray head did not start; see {log_dir / 'head.log'}")
         time.sleep(0.3)
-    head.record.write_text(json.dumps({"address": address, "pid": proc.pid}))
+    head.record.write_text(json.dumps({"address": address, "pid": proc.pid, "loopback": loopback}))
     log.info("started local Ray head %s with %d logical CPUs", address, num_cpus)
     return head

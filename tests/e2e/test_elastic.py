@@ -21,13 +21,7 @@ import ray
 from api.client import Client
 from service.config import Settings
 from service.db import Database
-from service.local_ray import (
-    LOOPBACK_ENV,
-    OBJECT_STORE_BYTES,
-    LocalRay,
-    session_members,
-    start_local_ray,
-)
+from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, start_local_ray
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.e2e.conftest import Service, wait_for
@@ -68,13 +62,7 @@ def reference() -> list[dict[str, Any]]:
 def ray_node(head: LocalRay, log: Path) -> Iterator[int]:
     """A second Ray node on this machine (its own session); yields its session id."""
     ray_bin = Path(sys.executable).parent / "ray"
-    # The embedded head runs in Ray's single-machine mode (loopback only), which refuses a
-    # worker node; this second node of the same host joins it with that switch back on.
-    env = (
-        {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
-        | head.auth_env
-        | {k: "1" for k in LOOPBACK_ENV}
-    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [
@@ -124,7 +112,8 @@ def two_node_service(
     if ray.is_initialized():  # this process may be connected to the tier's own head
         ray.shutdown()
     with ExitStack() as stack:
-        head = start_local_ray(tmp_path / "ray-state", CPUS_PER_NODE)
+        # Not the embedded head's loopback-only mode, which refuses other nodes.
+        head = start_local_ray(tmp_path / "ray-state", CPUS_PER_NODE, loopback=False)
         stack.callback(head.stop)
         stack.callback(lambda: ray.shutdown() if ray.is_initialized() else None)
         head.use_auth()
