@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -169,30 +170,30 @@ class Client:
         """The last `tail` lines of a rank's log, then each new line until the job ends."""
         params: dict[str, str | int] = {"rank": rank, "tail": tail, "follow": "true"}
         # No read timeout: a quiet rank may write nothing for minutes.
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        with self._http.stream(
-            "GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout
-        ) as response:
-            if not response.is_success:
-                response.read()
-                self._raise_for(response)
+        with self._stream(f"/v1/jobs/{job_id}/logs", params) as response:
             yield from response.iter_lines()
 
     def export(self, job_id: str, dest: str | Path, step: int | None = None) -> Path:
         """Download a checkpoint (`step`, or the newest) as a zipped Hugging Face folder."""
         params = {"step": step} if step is not None else {}
         # The server converts before it answers: no read timeout for a big model.
+        with (
+            self._stream(f"/v1/jobs/{job_id}/export", params) as response,
+            Path(dest).open("wb") as out,
+        ):
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+        return Path(dest)
+
+    @contextmanager
+    def _stream(self, path: str, params: dict[str, Any]) -> Iterator[httpx.Response]:
+        """A streamed GET with no read timeout; an error answer raises as `_call` does."""
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        with self._http.stream(
-            "GET", f"/v1/jobs/{job_id}/export", params=params, timeout=timeout
-        ) as response:
+        with self._http.stream("GET", path, params=params, timeout=timeout) as response:
             if not response.is_success:
                 response.read()
                 self._raise_for(response)
-            with Path(dest).open("wb") as out:
-                for chunk in response.iter_bytes():
-                    out.write(chunk)
-        return Path(dest)
+            yield response
 
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
