@@ -26,6 +26,7 @@ from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.e2e.conftest import Service, wait_for
 from tests.support.databases import fresh_database
+from tests.support.ray_head import attached
 from workers.engine.launch import train_local
 from workers.spec import JobSpec
 
@@ -115,8 +116,8 @@ def two_node_service(
         # Not the embedded head's loopback-only mode, which refuses other nodes.
         head = start_local_ray(tmp_path / "ray-state", CPUS_PER_NODE, loopback=False)
         stack.callback(head.stop)
-        stack.callback(lambda: ray.shutdown() if ray.is_initialized() else None)
-        head.use_auth()
+        # Attached for this test only: the tier's own head must be reachable after it.
+        stack.enter_context(attached(head))
         url = stack.enter_context(fresh_database("sqlite", tmp_path))
         upgrade_to_head(url)
         db = Database(url)

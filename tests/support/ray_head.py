@@ -3,6 +3,8 @@ token), and stopped with every process it started, whatever the tests did."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,12 +18,37 @@ CLUSTER_CPUS = 8
 
 
 @contextmanager
-def running_ray_head(state_dir: Path) -> Iterator[LocalRay]:
-    head = start_local_ray(state_dir, CLUSTER_CPUS)
-    head.use_auth()  # this process's ray.init (tests look at what Ray holds) needs it
+def attached(head: LocalRay) -> Iterator[LocalRay]:
+    """This process's `ray.init` talks to `head` (its token, its loopback switch) until
+    the block ends; then it is disconnected and the settings before are back. A test that
+    starts a cluster of its own must not leave the tier's head unreachable for the tests
+    after it (a token file that is gone, the single-machine switch flipped)."""
+    keys = set(head.auth_env) | {"RAY_AUTH_TOKEN"}
+    saved_env = {k: os.environ.get(k) for k in keys}
+    constants = sys.modules.get("ray._private.ray_constants")
+    saved_switch = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    head.use_auth()
     try:
         yield head
     finally:
         if ray.is_initialized():
             ray.shutdown()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if constants is not None:
+            setattr(constants, "ENABLE_RAY_CLUSTER", saved_switch)  # noqa: B010
+
+
+@contextmanager
+def running_ray_head(state_dir: Path) -> Iterator[LocalRay]:
+    """Start a loopback-only head, as `shardline serve` does, and attach this process to
+    it: tests look at what Ray holds."""
+    head = start_local_ray(state_dir, CLUSTER_CPUS)
+    try:
+        with attached(head):
+            yield head
+    finally:
         head.stop()
