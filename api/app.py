@@ -18,6 +18,7 @@ from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
 from service.config import Settings
 from service.db import Database
+from service.job_views import JobViews
 from service.quotas import UserQuotas
 from service.runtime import NoRuntime, Runtime
 from service.store import JobStore
@@ -52,6 +53,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = db
     app.state.store = JobStore(db)
+    app.state.views = JobViews(db)
     app.state.users = UserDirectory(db)
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)

@@ -10,7 +10,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.errors import ApiError
 from api.rate_limit import TokenBuckets, retry_after_header
 from service.config import Settings
-from service.models import User
+from service.job_views import JobViews
+from service.principal import Principal
 from service.runtime import Runtime
 from service.store import JobStore
 from service.users import UserDirectory, hash_token
@@ -28,6 +29,10 @@ async def get_store(request: Request) -> JobStore:
     return request.app.state.store
 
 
+async def get_views(request: Request) -> JobViews:
+    return request.app.state.views
+
+
 async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
@@ -35,16 +40,17 @@ async def get_runtime(request: Request) -> Runtime:
 def get_current_user(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> User:
+) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
         raise ApiError(401, "unauthorized", "missing bearer token", headers=challenge)
     users: UserDirectory = request.app.state.users
-    user = users.authenticate(credentials.credentials)
+    token_hash = hash_token(credentials.credentials)
+    user = users.authenticate_hash(token_hash)
     if user is None:
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=challenge)
     limiter: TokenBuckets = request.app.state.rate_limit
-    wait_s = limiter.take(hash_token(credentials.credentials))
+    wait_s = limiter.take(token_hash)
     if wait_s > 0:
         raise ApiError(
             429,
@@ -61,4 +67,5 @@ def get_current_user(
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
-CurrentUser = Annotated[User, Depends(get_current_user)]
+CurrentUser = Annotated[Principal, Depends(get_current_user)]
+ViewsDep = Annotated[JobViews, Depends(get_views)]

@@ -16,14 +16,14 @@ from starlette.responses import StreamingResponse
 
 from api.client import TERMINAL_STATES
 from service.job_logs import LogFollower
-from service.models import User
+from service.principal import Viewer
 from service.store import JobStore
 
 POLL_S = 0.5
 
 
 def follow_response(
-    store: JobStore, user: User, job_id: str, log_file: Path, tail: int
+    store: JobStore, user: Viewer, job_id: str, log_file: Path, tail: int
 ) -> StreamingResponse:
     """Stream `log_file` (one rank's log of job `job_id`) until the job has ended."""
     lines = _follow(store, user, job_id, LogFollower(log_file), tail)
@@ -36,7 +36,7 @@ def follow_response(
 
 
 async def _follow(
-    store: JobStore, user: User, job_id: str, follower: LogFollower, tail: int
+    store: JobStore, user: Viewer, job_id: str, follower: LogFollower, tail: int
 ) -> AsyncIterator[str]:
     # File and database reads block; they run in the thread pool, not on the event loop.
     if text := _chunk(await run_in_threadpool(follower.start, tail)):

@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, field_serializer
 
-from service.models import Checkpoint, Job, JobEvent, JobMetric
+from service.job_views import JobView
+from service.models import Checkpoint, Job, JobEvent
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -88,11 +89,14 @@ class JobPublic(_Times):
     spec: dict[str, Any]
 
     @classmethod
-    def of(cls, job: Job) -> JobPublic:
+    def of(cls, job: Job | JobView) -> JobPublic:
+        """A job as the API reports it: from a read's view, or the row a write returned."""
+        if isinstance(job, Job):
+            job = JobView.of(job)
         return cls(
             id=job.id,
             name=job.name,
-            owner=job.owner.name,
+            owner=job.owner,
             state=job.state,
             priority=job.priority,
             created_at=job.created_at,
@@ -113,7 +117,7 @@ class JobPublic(_Times):
         )
 
 
-def goodput(job: Job) -> float | None:
+def goodput(job: JobView) -> float | None:
     """Productive time over wall time since the job started (until it ended): the wall
     time less the seconds recoveries lost. None before the job has started."""
     started = _utc(job.started_at)
@@ -151,8 +155,9 @@ class MetricsPublic(BaseModel):
     metrics: list[dict[str, Any]]
 
     @classmethod
-    def of(cls, rows: list[JobMetric]) -> MetricsPublic:
-        return cls(metrics=[{**r.values, "step": r.step} for r in rows])
+    def of(cls, steps: list[tuple[int, dict[str, Any]]]) -> MetricsPublic:
+        """From (step, values) pairs, as `JobViews.metrics` reads them."""
+        return cls(metrics=[{**values, "step": step} for step, values in steps])
 
 
 class CheckpointPublic(_Times):

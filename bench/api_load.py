@@ -7,7 +7,7 @@ JSON line per route: requests/s, p50/p99 latency, errors, and the ratio to `/hea
 measured in the same run (the framework's ceiling on this machine).
 
     .venv/bin/python -m bench.api_load [--database-url URL] [--connections 32]
-        [--duration-s 10] [--server-src DIR]
+        [--duration-s 10] [--server-src DIR] [--routes status,list]
 
 `--database-url` names an empty database (PostgreSQL) to migrate and use; the default is
 a SQLite file in a temporary folder. `--server-src DIR` serves the API from another
@@ -221,7 +221,18 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument("--server-src", type=Path, default=None)
     parser.add_argument("--label", default="", help="added to every line, e.g. before/after")
+    parser.add_argument(
+        "--routes",
+        default=",".join(ROUTES),
+        help=f"comma-separated, from {', '.join(ROUTES)}; healthz is always measured first",
+    )
     args = parser.parse_args()
+    asked = [r for r in args.routes.split(",") if r]
+    unknown = sorted(set(asked) - set(ROUTES))
+    if unknown:
+        parser.error(f"unknown route(s) {', '.join(unknown)}; choose from {', '.join(ROUTES)}")
+    # /healthz first: every other route is reported as a ratio to it.
+    routes = ["healthz", *(r for r in asked if r != "healthz")]
     with tempfile.TemporaryDirectory(prefix="shardline-api-load-") as tmp:
         state_dir = Path(tmp)
         url = args.database_url or f"sqlite:///{state_dir / 'shardline.db'}"
@@ -230,7 +241,7 @@ def main() -> None:
         try:
             target = Target(server_url, proc.pid, tokens, job_ids)
             ceiling = None
-            for route in ROUTES:
+            for route in routes:
                 row = measure(
                     route, target, args.connections, args.duration_s, args.client_processes
                 )

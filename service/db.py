@@ -26,6 +26,12 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 CONNECT_TIMEOUT_S = 5
 POOL_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_S = 30
+# One pooled connection per thread that may use it at once: anyio's default limit of 40
+# threads runs the API's sync routes. With fewer, busy moments open and close a connection
+# per request (a PostgreSQL backend to start; a SQLite file to open and set pragmas on
+# under its lock). A few more for the control loop's own threads.
+POOL_SIZE = 40
+POOL_OVERFLOW = 10
 
 
 def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
@@ -35,7 +41,13 @@ def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            pool_size=POOL_SIZE,
+            max_overflow=POOL_OVERFLOW,
+            pool_timeout=POOL_TIMEOUT_S,
+            connect_args={"check_same_thread": False, "timeout": 30},
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
@@ -46,8 +58,8 @@ def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
     return create_engine(
         url,
         pool_pre_ping=True,
-        pool_size=10,
-        max_overflow=20,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
         pool_timeout=POOL_TIMEOUT_S,
         connect_args=connect_args,
     )

@@ -72,6 +72,8 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_state_priority", "state", "priority"),
+        # A user's listing, newest first (JobViews.page), straight from the index.
+        Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)

@@ -12,7 +12,8 @@ from sqlalchemy import func, select
 
 from service.config import Settings
 from service.db import Database
-from service.models import Job, User
+from service.models import Job
+from service.principal import Viewer
 from workers.lifecycle import JobState
 
 T = TypeVar("T")
@@ -58,7 +59,7 @@ class UserQuotas:
         self.db = db
         self.max_queued = settings.user_max_queued_jobs
 
-    def queued_jobs(self, user: User) -> int:
+    def queued_jobs(self, user: Viewer) -> int:
         with self.db.session() as s:
             count = s.scalar(
                 select(func.count())
@@ -67,7 +68,7 @@ class UserQuotas:
             )
         return int(count or 0)
 
-    def submit(self, user: User, idempotency_key: str | None, create: Callable[[], T]) -> T:
+    def submit(self, user: Viewer, idempotency_key: str | None, create: Callable[[], T]) -> T:
         """Run `create` (which inserts the job) if the user may queue one more job. A
         replay of a submit already stored (same Idempotency-Key) is never refused."""
         if self.max_queued <= 0:
@@ -81,7 +82,7 @@ class UserQuotas:
             )
         return create()
 
-    def _replay(self, user: User, idempotency_key: str | None) -> bool:
+    def _replay(self, user: Viewer, idempotency_key: str | None) -> bool:
         if idempotency_key is None:
             return False
         with self.db.session() as s:

@@ -12,16 +12,15 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from service.db import Database
-from service.models import Checkpoint, Job, JobEvent, JobMetric, User, utcnow
+from service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
+from service.principal import Viewer
 from workers.lifecycle import ACTIVE, JobState, is_legal
 from workers.progress import (
     CheckpointCommit,
@@ -68,12 +67,6 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-@dataclass(frozen=True)
-class Page:
-    jobs: list[Job]
-    next_cursor: str | None
-
-
 # Timestamps that a transition into a state sets.
 _STAMPS = {
     JobState.STARTING: "started_at",
@@ -90,7 +83,7 @@ class JobStore:
     # -- creating and reading --------------------------------------------------------
 
     def create(
-        self, owner: User, spec: JobSpec, idempotency_key: str | None = None
+        self, owner: Viewer, spec: JobSpec, idempotency_key: str | None = None
     ) -> tuple[Job, bool]:
         """Insert a QUEUED job; returns (job, created). Same key + same spec: the same job."""
         digest = spec_hash(spec)
@@ -147,7 +140,7 @@ class JobStore:
             )
         return job
 
-    def get(self, job_id: str, viewer: User | None = None) -> Job:
+    def get(self, job_id: str, viewer: Viewer | None = None) -> Job:
         """The job; a viewer who is neither its owner nor an admin gets JobNotFound."""
         with self.db.session() as s:
             # The owner in the same query (not a second one, as selectin would).
@@ -157,32 +150,6 @@ class JobStore:
         ):
             raise JobNotFound(f"no job {job_id}")
         return job
-
-    def list_jobs(
-        self,
-        viewer: User,
-        *,
-        state: JobState | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> Page:
-        """Newest first; `cursor` is the opaque `next_cursor` of the previous page."""
-        query = select(Job).options(joinedload(Job.owner))
-        if not viewer.is_admin:
-            query = query.where(Job.owner_id == viewer.id)
-        if state is not None:
-            query = query.where(Job.state == state.value)
-        if cursor is not None:
-            created, job_id = decode_cursor(cursor)
-            query = query.where(
-                or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
-            )
-        query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
-        with self.db.session() as s:
-            jobs = list(s.scalars(query))
-        more = len(jobs) > limit
-        jobs = jobs[:limit]
-        return Page(jobs, encode_cursor(jobs[-1]) if more else None)
 
     def active_jobs(self) -> list[Job]:
         with self.db.session() as s:
@@ -235,7 +202,7 @@ class JobStore:
         log.info("job %s: %s -> %s (%s)", job_id, src.value, to.value, reason)
         return self.get(job_id)
 
-    def request_cancel(self, job_id: str, viewer: User, reason: str) -> Job:
+    def request_cancel(self, job_id: str, viewer: Viewer, reason: str) -> Job:
         """Ask a job to stop. A QUEUED or PAUSED job has nothing running and is cancelled
         at once. Asking again, or at the same time as another request, is not an error:
         whoever loses the race gets the job as the winner left it."""
@@ -264,7 +231,7 @@ class JobStore:
                 job = self.get(job_id)  # someone else finished the cancel
         return job
 
-    def request_pause(self, job_id: str, viewer: User, reason: str) -> Job:
+    def request_pause(self, job_id: str, viewer: Viewer, reason: str) -> Job:
         """Ask a RUNNING job to checkpoint and free its workers (PAUSING, then PAUSED)."""
         job = self.get(job_id, viewer)
         if job.state in (JobState.PAUSING, JobState.PAUSED):
@@ -275,7 +242,7 @@ class JobStore:
             )
         return self.transition(job_id, JobState.PAUSING, reason, expected_version=job.version)
 
-    def request_resume(self, job_id: str, viewer: User, reason: str) -> Job:
+    def request_resume(self, job_id: str, viewer: Viewer, reason: str) -> Job:
         """Queue a PAUSED job again; its new supervisor restores the pause's checkpoint."""
         job = self.get(job_id, viewer)
         if job.state != JobState.PAUSED:
@@ -432,17 +399,6 @@ class JobStore:
                 )
             )
 
-    def metrics(self, job_id: str, *, since_step: int = 0, limit: int = 1000) -> list[JobMetric]:
-        with self.db.session() as s:
-            return list(
-                s.scalars(
-                    select(JobMetric)
-                    .where(JobMetric.job_id == job_id, JobMetric.step > since_step)
-                    .order_by(JobMetric.step)
-                    .limit(limit)
-                )
-            )
-
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         with self.db.session() as s:
             return list(
@@ -456,15 +412,3 @@ class JobStore:
 
 def _event(job_id: str, kind: str, message: str, data: dict[str, Any] | None) -> JobEvent:
     return JobEvent(job_id=job_id, kind=kind, message=message, data=data, time=utcnow())
-
-
-def encode_cursor(job: Job) -> str:
-    return f"{job.created_at.isoformat()}|{job.id}"
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, job_id = cursor.split("|", 1)
-        return datetime.fromisoformat(created), job_id
-    except ValueError as err:
-        raise ValueError("cursor: not a cursor returned by this API") from err

@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
+from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep
 from api.errors import ApiError, validation_failed
 from api.init_from import resolve_spec_init_from
 from api.log_stream import follow_response
@@ -28,7 +28,8 @@ from api.schemas import (
 )
 from service.config import Settings
 from service.job_logs import tail_lines
-from service.models import Job, User
+from service.models import Job
+from service.principal import Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
 from service.scheduler import job_demand
 from service.store import JobStore
@@ -121,7 +122,7 @@ def _path_refusal(path: Path, access: DataAccess) -> str | None:
     return access.refusal(real)
 
 
-def check_resume_from(spec: JobSpec, user: User, store: JobStore, settings: Settings) -> None:
+def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Settings) -> None:
     """`resume_from` must name a job the user may see (404 otherwise, as for any other
     user's job) that has the committed checkpoint asked for."""
     source = spec.resume_from
@@ -191,7 +192,7 @@ async def submit_job(
 @router.get("", response_model=JobsPublic)
 def list_jobs(
     user: CurrentUser,
-    store: StoreDep,
+    views: ViewsDep,
     settings: SettingsDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1)] = 50,
@@ -199,7 +200,7 @@ def list_jobs(
 ) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     try:
-        page = store.list_jobs(
+        page = views.page(
             user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
         )
     except ValueError as err:
@@ -213,8 +214,8 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, user: CurrentUser, store: StoreDep) -> Response:
-    return json_response(JobPublic.of(store.get(job_id, user)))
+def get_job(job_id: str, user: CurrentUser, views: ViewsDep) -> Response:
+    return json_response(JobPublic.of(views.get(job_id, user)))
 
 
 def json_response(model: BaseModel) -> Response:
@@ -252,10 +253,11 @@ def job_events(
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
+    views: ViewsDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response:
-    store.get(job_id, user)
+    views.check_visible(job_id, user)
     return json_response(
         EventsPublic(
             events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
@@ -267,21 +269,20 @@ def job_events(
 def job_metrics(
     job_id: str,
     user: CurrentUser,
-    store: StoreDep,
+    views: ViewsDep,
     since_step: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> Response:
     """Logged steps after `since_step`, in order."""
-    store.get(job_id, user)
     return json_response(
-        MetricsPublic.of(store.metrics(job_id, since_step=since_step, limit=limit))
+        MetricsPublic.of(views.metrics(job_id, user, since_step=since_step, limit=limit))
     )
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep) -> Response:
+def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep, views: ViewsDep) -> Response:
     """Committed checkpoints only: a partial one is never reported."""
-    store.get(job_id, user)
+    views.check_visible(job_id, user)
     return json_response(
         CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)])
     )
