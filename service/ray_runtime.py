@@ -140,7 +140,7 @@ class RayRuntime:
             discard=self.supervisors.remove,
             quota_limits=resource_limits(settings),
         )
-        self.reconciler = Reconciler(store, self.supervisors)
+        self.reconciler = Reconciler(store, self.supervisors, on_freed=self.scheduler.wake)
 
     def start(self) -> None:
         if not ray.is_initialized():
@@ -169,6 +169,9 @@ class RayRuntime:
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         self.supervisors.inject_fault(job_id, kind, rank)
+
+    def queue_changed(self) -> None:
+        self.scheduler.wake()
 
     def _launch(self, job: Job) -> None:
         self.supervisors.launch(job)

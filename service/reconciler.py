@@ -11,6 +11,7 @@ supervisors and removes a supervisor once its job's end is recorded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from service.loop import PeriodicLoop
@@ -37,9 +38,17 @@ class Supervisors(Protocol):
 class Reconciler(PeriodicLoop):
     name = "reconciler"
 
-    def __init__(self, store: JobStore, supervisors: Supervisors, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        supervisors: Supervisors,
+        interval_s: float = 0.5,
+        on_freed: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.supervisors = supervisors
+        # Called when a job has let go of its workers: a queued job may fit now.
+        self.on_freed = on_freed or (lambda: None)
         super().__init__(interval_s)
 
     def tick(self) -> None:
@@ -79,6 +88,7 @@ class Reconciler(PeriodicLoop):
         if JobState(job.state).terminal or job.state == JobState.PAUSED:
             # A paused job gets a new supervisor when it is resumed.
             self.supervisors.remove(job.id)
+            self.on_freed()
 
     def _apply(self, job: Job, entries: list[ProgressEntry]) -> None:
         seq = job.reconciled_seq

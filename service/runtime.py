@@ -37,6 +37,11 @@ class Runtime(Protocol):
         """Have one rank of a running job fail as `kind` says (workers/faults.py)."""
         ...
 
+    def queue_changed(self) -> None:
+        """A job was queued, resumed or cancelled: look for room now, not at the next
+        scheduling tick (a submitted job starts up to a tick sooner)."""
+        ...
+
 
 class NoRuntime:
     """No cluster attached: jobs are stored and stay QUEUED."""
@@ -60,3 +65,6 @@ class NoRuntime:
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         raise FaultNotDelivered("no runtime is attached to this server: no job runs")
+
+    def queue_changed(self) -> None:
+        return None

@@ -185,6 +185,8 @@ async def submit_job(
     # The cluster query and the database are blocking calls: run them in a worker thread
     # so one slow submit does not stall every other request on the event loop.
     job, created = await run_in_threadpool(admit)
+    if created:
+        runtime.queue_changed()
     body = JobPublic.of(job).model_dump(mode="json")
     return JSONResponse(body, status_code=201 if created else 200)
 
@@ -243,9 +245,11 @@ def pause_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
 @router.post(
     "/{job_id}/resume", status_code=202, response_model=JobPublic, responses=error_responses(409)
 )
-def resume_job(job_id: str, user: CurrentUser, store: StoreDep) -> JobPublic:
+def resume_job(job_id: str, user: CurrentUser, store: StoreDep, runtime: RuntimeDep) -> JobPublic:
     """Queue a PAUSED job again; it continues from the checkpoint its pause saved."""
-    return JobPublic.of(store.request_resume(job_id, user, f"resume requested by {user.name}"))
+    job = store.request_resume(job_id, user, f"resume requested by {user.name}")
+    runtime.queue_changed()
+    return JobPublic.of(job)
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)
