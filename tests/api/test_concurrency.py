@@ -27,7 +27,7 @@ def test_50_concurrent_submits_with_one_key_create_one_job(
     _, token = backend.new_user()
     headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "same-key"}
     body = {"name": "once", "train": {"steps": 3}}
-    # Hold the first RACERS key lookups of the real server's store until all of them have
+    # Hold the first RACERS key lookups of the real server's store, each done, until all have
     # arrived. If submits ran one at a time (a blocking store call on the event loop) the
     # barrier could never fill and would break after its timeout.
     store = cast(JobStore, backend.server.app.state.store)  # type: ignore[attr-defined]
@@ -40,10 +40,12 @@ def test_50_concurrent_submits_with_one_key_create_one_job(
         with lock:
             calls.append(owner_id)
             held = len(calls) <= RACERS
+        found = lookup(owner_id, key)
         if held:
+            # After the lookup: each racer has found no job before any of them inserts.
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait()
-        return lookup(owner_id, key)
+        return found
 
     monkeypatch.setattr(store, "_by_key", held_lookup)
 
