@@ -29,12 +29,18 @@ class LocalService:
 
 
 @contextmanager
-def local_service(state_dir: Path, startup_timeout_s: float = 180.0) -> Iterator[LocalService]:
-    """`shardline serve` on its embedded defaults under `state_dir`; stopped on exit."""
+def local_service(
+    state_dir: Path, startup_timeout_s: float = 180.0, server_src: Path | None = None
+) -> Iterator[LocalService]:
+    """`shardline serve` on its embedded defaults under `state_dir`; stopped on exit.
+    `server_src`: serve the code of another checkout (a benchmark's "before")."""
     port = free_port()
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir / "serve.log"
     env = {**os.environ, "SHARDLINE_STATE_DIR": str(state_dir), "SHARDLINE_PORT": str(port)}
+    if server_src is not None:
+        # Ahead of this checkout's editable install; Ray's processes inherit it.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(server_src), env.get("PYTHONPATH")]))
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "shardline"), "serve"],

@@ -42,7 +42,9 @@ class Reconciler(PeriodicLoop):
         self,
         store: JobStore,
         supervisors: Supervisors,
-        interval_s: float = 0.5,
+        # With the supervisor's own poll, how soon a step reaches the API (a first step
+        # is seen about 0.3 s after it is taken, against 0.6 s at 0.5 s each).
+        interval_s: float = 0.25,
         on_freed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store

@@ -39,7 +39,9 @@ from workers.worker import CheckpointTargets
 
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 0.5
+# Between looks at the workers: how soon a step, an exit or a failure is seen. A poll is a
+# lock-guarded read on each worker's actor thread, nothing on its training thread.
+POLL_INTERVAL_S = 0.25
 POLL_TIMEOUT_S = 30.0
 # How often a shrunk elastic job looks for the capacity to grow back.
 GROW_CHECK_S = 5.0

@@ -1,0 +1,86 @@
+"""Submit -> first step of a small 2-rank job through the service, and where it went.
+
+Starts `shardline serve` on its embedded defaults (SQLite, a local Ray head), submits the
+same tiny dp=2 CPU job several times one after another, and prints one JSON line per run:
+the seconds from submit until the API shows step 1, and the seconds from submit at which
+each event was recorded. The first run of a fresh head also pays for Ray's first worker
+processes; later runs are what a running service gives.
+
+    .venv/bin/python -m bench.first_start [--runs 3] [--server-src DIR] [--label L]
+
+`--server-src DIR` serves another checkout's code (e.g. the code before a change) with
+this one's client, so before and after run back to back in one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from api.local_service import local_service
+
+log = logging.getLogger(__name__)
+
+JOB: dict[str, Any] = {
+    "model": {"preset": "tiny", "seq_len": 32},
+    "data": {"source": "synthetic"},
+    "parallel": {"dp": 2},
+    "train": {"steps": 3, "global_batch_size": 4, "micro_batch_size": 2},
+}
+POLL_S = 0.02
+
+
+def _seconds(iso_time: str) -> float:
+    return datetime.fromisoformat(iso_time).timestamp()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--server-src", type=Path, default=None)
+    parser.add_argument("--label", default="")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="shardline-first-start-") as state,
+        local_service(Path(state), server_src=args.server_src) as svc,
+        svc.client() as client,
+    ):
+        for run in range(args.runs):
+            submitted = time.time()
+            job = client.submit({**JOB, "name": f"first-start-{run}"})
+            first_step_s = None
+            while True:
+                current = client.get(job["id"])
+                if first_step_s is None and current["step"] >= 1:
+                    first_step_s = time.time() - submitted
+                if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    break
+                time.sleep(POLL_S)
+            events = {
+                e["message"][:60]: round(_seconds(e["time"]) - submitted, 2)
+                for e in client.events(job["id"], after=0)
+            }
+            print(
+                json.dumps(
+                    {
+                        "bench": "first_start",
+                        "label": args.label,
+                        "run": run,
+                        "state": current["state"],
+                        "submit_to_first_step_s": round(first_step_s or float("nan"), 2),
+                        "events_at_s": events,
+                    }
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
