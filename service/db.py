@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,16 +59,41 @@ def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
     connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
     if statement_timeout_s is not None:
         connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
-    # pre_ping: a connection the server dropped (restart, failover) is replaced on checkout,
-    # so the API recovers by itself when the database is back.
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
         pool_timeout=POOL_TIMEOUT_S,
         connect_args=connect_args,
     )
+    event.listen(engine.pool, "checkin", _stamp_checkin)
+    event.listen(engine.pool, "checkout", _ping_if_idle)
+    return engine
+
+
+# A pooled connection idle longer than this is pinged before use: one the server dropped
+# (restart, failover) is replaced, so the API recovers by itself when the database is back.
+# One used more recently is not (pool_pre_ping would ping every checkout, a round trip per
+# read): if the server went away within that second, the statement fails as a disconnect,
+# SQLAlchemy drops every pooled connection, and that one request gets a 503.
+PING_IDLE_S = 1.0
+
+
+def _stamp_checkin(_dbapi_conn: Any, record: Any) -> None:
+    record.info["checked_in_at"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    idle_since = record.info.get("checked_in_at")
+    if idle_since is None or time.monotonic() - idle_since < PING_IDLE_S:
+        return  # new (just connected), or in use a moment ago
+    try:
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SELECT 1")
+        dbapi_conn.rollback()
+    except Exception as err:
+        # The pool discards this connection and checks out (or opens) another.
+        raise sa_exc.DisconnectionError(f"pooled connection is gone: {err}") from err
 
 
 class ConcurrencyGate:
@@ -120,10 +146,13 @@ class Database:
             yield session
 
     @contextmanager
-    def connect(self) -> Iterator[Connection]:
-        """A Core connection, for reads that need no ORM objects (see job_views.py)."""
+    def reader(self) -> Iterator[Connection]:
+        """A Core connection for reads that need no ORM objects (see job_views.py), in
+        autocommit: no transaction to begin or roll back, which on PostgreSQL saves a
+        round trip each time one goes back to the pool. Each statement sees its own
+        snapshot: read what must agree in one statement."""
         with self.gate.held(), self.engine.connect() as conn:
-            yield conn
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def dispose(self) -> None:
         self.engine.dispose()

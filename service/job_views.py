@@ -93,7 +93,7 @@ class JobViews:
     def get(self, job_id: str, viewer: Viewer | None = None) -> JobView:
         """The job; a viewer who is neither its owner nor an admin gets JobNotFound, as
         for a job that does not exist (which jobs exist is nobody else's business)."""
-        with self.db.connect() as conn:
+        with self.db.reader() as conn:
             row = conn.execute(_GET_VIEW, {"job_id": job_id}).one_or_none()
         if row is None or not _may_see(viewer, row.owner_id):
             raise JobNotFound(f"no job {job_id}")
@@ -101,7 +101,7 @@ class JobViews:
 
     def check_visible(self, job_id: str, viewer: Viewer) -> None:
         """JobNotFound unless `viewer` may see the job: one indexed read of its owner."""
-        with self.db.connect() as conn:
+        with self.db.reader() as conn:
             owner_id = conn.scalar(_GET_OWNER, {"job_id": job_id})
         if owner_id is None or not _may_see(viewer, owner_id):
             raise JobNotFound(f"no job {job_id}")
@@ -122,7 +122,7 @@ class JobViews:
         if cursor is not None:
             params["created"], params["after_id"] = decode_cursor(cursor)
         query = _page_query(viewer.is_admin, state is not None, cursor is not None)
-        with self.db.connect() as conn:
+        with self.db.reader() as conn:
             jobs = [JobView(**row._mapping) for row in conn.execute(query, params)]
         more = len(jobs) > limit
         jobs = jobs[:limit]
@@ -133,7 +133,7 @@ class JobViews:
     ) -> list[tuple[int, dict[str, Any]]]:
         """(step, values) of the steps logged after `since_step`, in order; JobNotFound
         unless `viewer` may see the job (checked on the same connection)."""
-        with self.db.connect() as conn:
+        with self.db.reader() as conn:
             owner_id = conn.scalar(_GET_OWNER, {"job_id": job_id})
             if owner_id is None or not _may_see(viewer, owner_id):
                 raise JobNotFound(f"no job {job_id}")

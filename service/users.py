@@ -90,7 +90,7 @@ class UserDirectory:
         return self.authenticate_hash(hash_token(token))
 
     def authenticate_hash(self, token_hash: str) -> Principal | None:
-        with self.db.connect() as conn:
+        with self.db.reader() as conn:
             row = conn.execute(_AUTHENTICATE, {"token_hash": token_hash}).one_or_none()
         return None if row is None else Principal(row.id, row.name, row.is_admin)
 

@@ -1,0 +1,33 @@
+"""A pooled PostgreSQL connection the server dropped is replaced before use once it has
+sat idle (service/db.py pings those), so the first read after a failover just works."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from service import db as db_module
+from service.db import Database
+from tests.support.databases import fresh_database
+
+
+def test_an_idle_connection_the_server_dropped_is_replaced_before_use(tmp_path: Path) -> None:
+    with fresh_database("postgresql", tmp_path) as url:
+        db = Database(url)
+        try:
+            with db.reader() as conn:
+                doomed = conn.scalar(text("SELECT pg_backend_pid()"))
+            # The server ends that backend (a restart, a failover, an admin's kill).
+            killer = Database(url)
+            with killer.reader() as conn:
+                assert conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": doomed})
+            killer.dispose()
+            time.sleep(db_module.PING_IDLE_S + 0.2)
+            with db.reader() as conn:  # the same pooled connection, found dead and replaced
+                assert conn.scalar(text("SELECT pg_backend_pid()")) != doomed
+            with db.session() as s:
+                assert s.scalar(text("SELECT 1")) == 1
+        finally:
+            db.dispose()
