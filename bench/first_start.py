@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from api.client import TERMINAL_STATES, Client
 from api.local_service import local_service
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,21 @@ def _seconds(iso_time: str) -> float:
     return datetime.fromisoformat(iso_time).timestamp()
 
 
+def run_to_end(
+    client: Client, job_id: str, submitted: float, poll_s: float = POLL_S
+) -> tuple[dict[str, Any], float | None]:
+    """Poll the job until it ends: (the ended job, seconds from `submitted`, a
+    time.monotonic() reading, until the API first showed step 1; None if it never did)."""
+    first_step_s = None
+    while True:
+        current = client.get(job_id)
+        if first_step_s is None and current["step"] >= 1:
+            first_step_s = time.monotonic() - submitted
+        if current["state"] in TERMINAL_STATES:
+            return current, first_step_s
+        time.sleep(poll_s)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,18 +69,11 @@ def main() -> None:
         svc.client() as client,
     ):
         for run in range(args.runs):
-            submitted = time.time()
+            submitted_at, submitted = time.time(), time.monotonic()
             job = client.submit({**JOB, "name": f"first-start-{run}"})
-            first_step_s = None
-            while True:
-                current = client.get(job["id"])
-                if first_step_s is None and current["step"] >= 1:
-                    first_step_s = time.time() - submitted
-                if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    break
-                time.sleep(POLL_S)
+            current, first_step_s = run_to_end(client, job["id"], submitted)
             events = {
-                e["message"][:60]: round(_seconds(e["time"]) - submitted, 2)
+                e["message"][:60]: round(_seconds(e["time"]) - submitted_at, 2)
                 for e in client.events(job["id"], after=0)
             }
             print(

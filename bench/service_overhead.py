@@ -18,6 +18,7 @@ from statistics import mean
 from typing import Any
 
 from api.local_service import local_service
+from bench.first_start import run_to_end
 from workers.engine.launch import train_local
 from workers.spec import load_spec
 
@@ -39,14 +40,7 @@ def through_service(spec_path: Path) -> dict[str, Any]:
     ):
         submitted = time.monotonic()
         job = client.submit(spec_path)
-        first_step_s = None
-        while True:
-            current = client.get(job["id"])
-            if first_step_s is None and current["step"] >= 1:
-                first_step_s = time.monotonic() - submitted
-            if current["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                break
-            time.sleep(0.1)
+        current, first_step_s = run_to_end(client, job["id"], submitted, poll_s=0.1)
         wall_s = time.monotonic() - submitted
         if current["state"] != "SUCCEEDED":
             raise RuntimeError(f"job ended {current['state']}: {current['failure_reason']}")

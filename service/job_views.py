@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, Select, and_, bindparam, or_, select
+from sqlalchemy import BindParameter, Connection, Select, and_, bindparam, or_, select
 
 from service.db import Database
 from service.models import Job, JobMetric, User
@@ -68,10 +68,23 @@ _SELECT_VIEW = select(*(getattr(Job, f) for f in _JOB_FIELDS), User.name.label("
 # SQLAlchemy's compiled cache than the read itself.
 _GET_VIEW = _SELECT_VIEW.where(Job.id == bindparam("job_id"))
 _GET_OWNER = select(Job.owner_id).where(Job.id == bindparam("job_id"))
+_METRICS = (
+    select(JobMetric.step, JobMetric.values)
+    .where(JobMetric.job_id == bindparam("job_id"), JobMetric.step > bindparam("since_step"))
+    .order_by(JobMetric.step)
+    .limit(bindparam("limit"))
+)
 
 
 def _may_see(viewer: Viewer | None, owner_id: int) -> bool:
     return viewer is None or viewer.is_admin or owner_id == viewer.id
+
+
+def _require_visible(conn: Connection, job_id: str, viewer: Viewer) -> None:
+    """JobNotFound unless `viewer` may see the job: one indexed read of its owner."""
+    owner_id = conn.scalar(_GET_OWNER, {"job_id": job_id})
+    if owner_id is None or not _may_see(viewer, owner_id):
+        raise JobNotFound(f"no job {job_id}")
 
 
 def encode_cursor(job: JobView) -> str:
@@ -100,11 +113,9 @@ class JobViews:
         return JobView(**row._mapping)
 
     def check_visible(self, job_id: str, viewer: Viewer) -> None:
-        """JobNotFound unless `viewer` may see the job: one indexed read of its owner."""
+        """JobNotFound unless `viewer` may see the job."""
         with self.db.reader() as conn:
-            owner_id = conn.scalar(_GET_OWNER, {"job_id": job_id})
-        if owner_id is None or not _may_see(viewer, owner_id):
-            raise JobNotFound(f"no job {job_id}")
+            _require_visible(conn, job_id, viewer)
 
     def page(
         self,
@@ -134,21 +145,11 @@ class JobViews:
         """(step, values) of the steps logged after `since_step`, in order; JobNotFound
         unless `viewer` may see the job (checked on the same connection)."""
         with self.db.reader() as conn:
-            owner_id = conn.scalar(_GET_OWNER, {"job_id": job_id})
-            if owner_id is None or not _may_see(viewer, owner_id):
-                raise JobNotFound(f"no job {job_id}")
+            _require_visible(conn, job_id, viewer)
             rows = conn.execute(
                 _METRICS, {"job_id": job_id, "since_step": since_step, "limit": limit}
             )
             return [(row.step, row.values) for row in rows]
-
-
-_METRICS = (
-    select(JobMetric.step, JobMetric.values)
-    .where(JobMetric.job_id == bindparam("job_id"), JobMetric.step > bindparam("since_step"))
-    .order_by(JobMetric.step)
-    .limit(bindparam("limit"))
-)
 
 
 @functools.cache

@@ -38,8 +38,8 @@ class Runtime(Protocol):
         ...
 
     def queue_changed(self) -> None:
-        """A job was queued, resumed or cancelled: look for room now, not at the next
-        scheduling tick (a submitted job starts up to a tick sooner)."""
+        """A job was queued or resumed: look for room now, not at the next scheduling
+        tick (a submitted job starts up to a tick sooner)."""
         ...
 
 

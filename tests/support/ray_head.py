@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import ray
 
@@ -23,21 +24,15 @@ def attached(head: LocalRay) -> Iterator[LocalRay]:
     the block ends; then it is disconnected and the settings before are back. A test that
     starts a cluster of its own must not leave the tier's head unreachable for the tests
     after it (a token file that is gone, the single-machine switch flipped)."""
-    keys = set(head.auth_env) | {"RAY_AUTH_TOKEN"}
-    saved_env = {k: os.environ.get(k) for k in keys}
     constants = sys.modules.get("ray._private.ray_constants")
     saved_switch = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    head.use_auth()
     try:
-        yield head
+        with mock.patch.dict(os.environ):  # the environment as it was, after the block
+            head.use_auth()
+            yield head
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         if constants is not None:
             setattr(constants, "ENABLE_RAY_CLUSTER", saved_switch)  # noqa: B010
 
