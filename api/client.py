@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 import httpx
 
-from workers.lifecycle import TERMINAL
-from workers.spec import JobSpec, load_spec
+from workers.contract.lifecycle import TERMINAL
+from workers.contract.spec import JobSpec, load_spec
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from api.errors import ApiError, validation_failed
 from service.config import Settings
-from workers.engine.data_access import DataAccess, DataAccessDenied
-from workers.hf_config import InitFromError, resolve_init_from
-from workers.spec import JobSpec
+from workers.contract.data_access import DataAccess, DataAccessDenied
+from workers.contract.hf_config import InitFromError, resolve_init_from
+from workers.contract.spec import JobSpec
 
 
 def resolve_spec_init_from(spec: JobSpec, settings: Settings) -> JobSpec:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from api.client import Client
-from workers.net import free_port
+from workers.contract.net import free_port
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from api.schemas import ErrorBody
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 _WHY = {
     400: "The body is not UTF-8 JSON, or is nested too deeply",

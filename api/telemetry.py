@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.db import Database
 from service.models import Job
-from workers.lifecycle import JobState
+from workers.contract.lifecycle import JobState
 
 # Label values come from this fixed set, so no request can add a series: a made-up method
 # is "other" and a path that matches no route is "unmatched".

@@ -37,9 +37,9 @@ from service.db import Database
 from service.migrate import upgrade_to_head
 from service.store import JobStore
 from service.users import UserDirectory
-from workers.net import free_port
-from workers.progress import MetricsEntry
-from workers.spec import JobSpec
+from workers.contract.net import free_port
+from workers.contract.progress import MetricsEntry
+from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

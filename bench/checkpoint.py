@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from workers.checkpoint_store import CheckpointStore, RestoreSource
-from workers.engine.checkpoint import Checkpointer, CheckpointPlan
+from workers.contract.net import free_port
+from workers.contract.spec import JobSpec
+from workers.engine.checkpoint.state import small_state, tensor_state
+from workers.engine.checkpoint.tier import Checkpointer, CheckpointPlan
 from workers.engine.distributed import init_world, leave_world
-from workers.engine.train_state import small_state, tensor_state
 from workers.engine.trainer import Trainer
-from workers.net import free_port
-from workers.spec import JobSpec
+from workers.storage.checkpoints import CheckpointStore, RestoreSource
 
 CHUNK = 8 << 20
 

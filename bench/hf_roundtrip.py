@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from workers.contract.hf_config import llama_config
 from workers.engine.generate import generate
 from workers.engine.hf_export import write_safetensors
 from workers.engine.hf_weights import load_init_from, to_hf_state
 from workers.engine.model import ModelArgs, Transformer
-from workers.hf_config import llama_config
 
 
 def _naive_greedy(model: Transformer, prompt: list[int], new_tokens: int) -> list[int]:

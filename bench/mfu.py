@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from workers.contract.spec import JobSpec, load_spec
 from workers.engine.launch import train_local
-from workers.spec import JobSpec, load_spec
 
 
 def device_name() -> str:

@@ -19,8 +19,8 @@ from typing import Any
 
 from api.local_service import local_service
 from bench.first_start import run_to_end
+from workers.contract.spec import load_spec
 from workers.engine.launch import train_local
-from workers.spec import load_spec
 
 log = logging.getLogger(__name__)
 

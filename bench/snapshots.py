@@ -22,9 +22,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
-from workers.snapshots import snapshot_root
-from workers.spec import JobSpec
+from workers.storage.snapshots import snapshot_root
 
 
 def spec(steps: int, nproc: int, every: int) -> JobSpec:

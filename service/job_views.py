@@ -19,7 +19,7 @@ from service.db import Database
 from service.models import Job, JobMetric, User
 from service.principal import Viewer
 from service.store import JobNotFound
-from workers.lifecycle import JobState
+from workers.contract.lifecycle import JobState
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from workers.net import free_port
+from workers.contract.net import free_port
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from service.config import Settings
 from service.db import Database
 from service.models import Job
 from service.principal import Viewer
-from workers.lifecycle import JobState
+from workers.contract.lifecycle import JobState
 
 T = TypeVar("T")
 

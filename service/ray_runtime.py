@@ -23,12 +23,12 @@ from service.scheduler import (
     job_demand,
 )
 from service.store import JobStore
-from workers.actors import NAMESPACE, SupervisorActor, supervisor_name
-from workers.engine.data_access import DataAccess
-from workers.lifecycle import JobState
-from workers.progress import ProgressRead
-from workers.spec import JobSpec
-from workers.worker_group import bundle_resources
+from workers.contract.data_access import DataAccess
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import ProgressRead
+from workers.contract.spec import JobSpec
+from workers.runtime.actors import NAMESPACE, SupervisorActor, supervisor_name
+from workers.runtime.worker_group import bundle_resources
 
 log = logging.getLogger(__name__)
 

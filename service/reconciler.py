@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from service.loop import PeriodicLoop
 from service.models import Job
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
-from workers.lifecycle import SUPERVISED, TERMINAL, JobState
-from workers.progress import ProgressEntry, ProgressRead, StateEntry
-from workers.spec import JobSpec
+from workers.contract.lifecycle import SUPERVISED, TERMINAL, JobState
+from workers.contract.progress import ProgressEntry, ProgressRead, StateEntry
+from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.scheduler import host_memory_refusal
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Runtime(Protocol):
     def stop(self) -> None: ...
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
-        """Have one rank of a running job fail as `kind` says (workers/faults.py)."""
+        """Have one rank of a running job fail as `kind` says (workers/runtime/faults.py)."""
         ...
 
     def queue_changed(self) -> None:

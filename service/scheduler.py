@@ -18,8 +18,8 @@ from service.loop import PeriodicLoop
 from service.models import Job
 from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
-from workers.lifecycle import SUPERVISED, JobState
-from workers.spec import JobSpec
+from workers.contract.lifecycle import SUPERVISED, JobState
+from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, joinedload
 from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
 from service.principal import Viewer
-from workers.lifecycle import ACTIVE, JobState, is_legal
-from workers.progress import (
+from workers.contract.lifecycle import ACTIVE, JobState, is_legal
+from workers.contract.progress import (
     CheckpointCommit,
     CheckpointEntry,
     EventEntry,
@@ -30,8 +30,8 @@ from workers.progress import (
     ProgressEntry,
     SummaryEntry,
 )
-from workers.recovery import RECOVERY_EVENT
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
+from workers.runtime.supervisor.recovery import RECOVERY_EVENT
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from api.deps import CurrentUser, SettingsDep, StoreDep
 from api.errors import ApiError
 from api.openapi import error_responses
 from service.config import Settings
-from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint
-from workers.engine.data_access import DataAccess
-from workers.storage import JobStorage
+from workers.contract.data_access import DataAccess
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from workers.storage.layout import JobStorage
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from service.principal import Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
 from service.scheduler import job_demand
 from service.store import JobStore
-from workers.checkpoint_store import CheckpointStore
-from workers.engine.data_access import DataAccess
-from workers.lifecycle import JobState
-from workers.spec import INIT_FROM, JobSpec
-from workers.storage import JobStorage
+from workers.contract.data_access import DataAccess
+from workers.contract.lifecycle import JobState
+from workers.contract.spec import INIT_FROM, JobSpec
+from workers.storage.checkpoints import CheckpointStore
+from workers.storage.layout import JobStorage
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)

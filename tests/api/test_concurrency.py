@@ -14,7 +14,7 @@ from sqlalchemy import event
 from service.db import Database
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from tests.api.conftest import Backend
-from workers.lifecycle import JobState
+from workers.contract.lifecycle import JobState
 
 # How many submits must be inside the store at the same moment, each having found no job
 # for the key, so that all but one take the duplicate-key (IntegrityError) path.
@@ -157,6 +157,6 @@ def test_illegal_edges_are_refused(backend: Backend) -> None:
 
 
 def _spec() -> Any:
-    from workers.spec import JobSpec
+    from workers.contract.spec import JobSpec
 
     return JobSpec.model_validate({"name": "race"})

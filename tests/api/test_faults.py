@@ -14,9 +14,9 @@ import pytest
 from api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
 from service.store import ConcurrentUpdate, JobStore
 from tests.api.conftest import Backend
-from workers.lifecycle import JobState
-from workers.progress import EventEntry
-from workers.recovery import RECOVERY_EVENT
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import EventEntry
+from workers.runtime.supervisor.recovery import RECOVERY_EVENT
 
 SPEC: dict[str, Any] = {"name": "faulty", "parallel": {"dp": 2}, "train": {"steps": 7}}
 

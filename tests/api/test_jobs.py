@@ -10,7 +10,7 @@ import pytest
 from api.client import Client, NotFound
 from service.store import JobStore
 from tests.api.conftest import Backend
-from workers.progress import EventEntry, MetricsEntry, ProgressEntry
+from workers.contract.progress import EventEntry, MetricsEntry, ProgressEntry
 
 SPEC: dict[str, Any] = {"name": "api-job", "train": {"steps": 7}}
 

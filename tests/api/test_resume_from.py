@@ -9,8 +9,8 @@ import pytest
 
 from api.client import Client, Conflict, InvalidRequest, NotFound
 from tests.api.conftest import Backend
-from workers.checkpoint_store import CheckpointStore
-from workers.storage import JobStorage
+from workers.storage.checkpoints import CheckpointStore
+from workers.storage.layout import JobStorage
 
 
 def commit_checkpoint(backend: Backend, job_id: str, step: int) -> None:

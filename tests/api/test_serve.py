@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from service.local_ray import LocalRay, find_local_ray, session_members
-from workers.net import free_port
+from workers.contract.net import free_port
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from tests.api.conftest import Backend
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 
 def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:

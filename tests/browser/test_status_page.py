@@ -22,7 +22,7 @@ from tests.browser.conftest import DESKTOP, PHONE, Sandboxed, open_sandboxed
 from tests.e2e.conftest import Service, service  # noqa: F401  (fixture)
 from tests.support.ray_head import running_ray_head
 from tests.support.server import run_server
-from workers.net import free_port
+from workers.contract.net import free_port
 
 PAGE_SIZE = 25  # the page's (list.js)
 

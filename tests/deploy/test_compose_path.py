@@ -25,7 +25,7 @@ from api.client import Client
 from service.local_ray import OBJECT_STORE_BYTES, stop_session
 from tests.deploy.conftest import InstalledWheel, outside_env
 from tests.support.postgres_server import postgres_bindir, postgres_server
-from workers.net import free_port
+from workers.contract.net import free_port
 
 CPUS_PER_NODE = 2  # logical: a 4-rank job cannot fit on one node
 NODE = [

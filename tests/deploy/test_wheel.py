@@ -27,9 +27,9 @@ def test_wheel_holds_the_page_and_the_migrations(installed_wheel: InstalledWheel
         "api/static/page/index.html",
         "api/static/page/main.js",
         "api/static/page/app.css",
-        "service/migrations/env.py",
-        "service/migrations/script.py.mako",
-        "service/migrations/versions/0001_initial_schema.py",
+        "migrations/env.py",
+        "migrations/script.py.mako",
+        "migrations/versions/0001_initial_schema.py",
     ):
         assert shipped in names, f"{shipped} is not in {installed_wheel.wheel.name}"
 

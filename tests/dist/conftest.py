@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workers.engine.distributed import init_world, leave_world
-from workers.net import free_port
+from workers.contract.net import free_port
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from workers.engine.distributed import init_world, leave_world, limit_cpu_threads
-from workers.net import free_port
+from workers.contract.net import free_port
 from workers.engine.launch import exit_rank_process
 
 RankFn = Callable[[int, int, torch.device], Any]

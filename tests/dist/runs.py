@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from workers.engine.launch import train_local
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 
 def tiny_spec(**overrides: Any) -> JobSpec:

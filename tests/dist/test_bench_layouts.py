@@ -13,7 +13,7 @@ import yaml
 
 from bench.layouts import parse_layout
 from tests.dist.runs import run
-from workers.spec import load_spec
+from workers.contract.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH, SEQ_LEN = 4, 8, 32

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import tiny_spec
-from workers.checkpoint_store import CheckpointStore
+from workers.storage.checkpoints import CheckpointStore
 from workers.engine.launch import LocalCheckpoints, train_local
 from workers.engine.schedule import lr_at
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 STEPS, SAVED = 8, 4
 TRAIN = {"steps": STEPS, "warmup_steps": 2}

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
-from workers.checkpoint_store import MANIFEST, CheckpointStore, RestoreSource
-from workers.engine.checkpoint import CheckpointPlan
+from workers.storage.checkpoints import MANIFEST, CheckpointStore, RestoreSource
+from workers.engine.checkpoint.tier import CheckpointPlan
 from workers.engine.trainer import Trainer
 
 

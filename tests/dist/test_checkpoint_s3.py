@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.dist.test_checkpoint import layout_spec, losses, train
-from workers.checkpoint_store import CheckpointStore
-from workers.net import free_port
+from workers.storage.checkpoints import CheckpointStore
+from workers.contract.net import free_port
 from workers.engine.launch import LocalCheckpoints
 
 BUCKET = "shardline-test"

@@ -17,13 +17,13 @@ from safetensors.torch import load_file
 
 from tests.dist.ranks import on_ranks
 from tests.support.hf_models import save_random_llama
-from workers.checkpoint_store import CheckpointStore
-from workers.engine.checkpoint import CheckpointPlan
-from workers.engine.data_access import DataAccess
+from workers.storage.checkpoints import CheckpointStore
+from workers.engine.checkpoint.tier import CheckpointPlan
+from workers.contract.data_access import DataAccess
 from workers.engine.dtensor import plain
 from workers.engine.trainer import Trainer
-from workers.hf_config import resolve_init_from
-from workers.spec import JobSpec
+from workers.contract.hf_config import resolve_init_from
+from workers.contract.spec import JobSpec
 
 pytest.importorskip("transformers")
 

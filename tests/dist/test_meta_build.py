@@ -17,7 +17,7 @@ from workers.engine.model import ModelArgs, Transformer
 from workers.engine.optimizer import model_name
 from workers.engine.parallel import ParallelDims
 from workers.engine.parts import build_model_parts
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workers.engine.trainer import Trainer
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 CORPUS = Path(__file__).resolve().parents[2] / "workers"
 STEPS = 150

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.dist.runs import run
-from workers.spec import load_spec
+from workers.contract.spec import load_spec
 
 BIN = Path(sys.executable).parent
 

@@ -15,9 +15,9 @@ import yaml
 
 from tests.support.hf_models import save_random_llama
 from workers.engine.data import build_loader
-from workers.engine.data_access import DataAccess
-from workers.hf_config import resolve_init_from
-from workers.spec import load_spec
+from workers.contract.data_access import DataAccess
+from workers.contract.hf_config import resolve_init_from
+from workers.contract.spec import load_spec
 
 pytest.importorskip("transformers")
 

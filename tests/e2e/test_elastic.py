@@ -27,8 +27,8 @@ from service.users import UserDirectory
 from tests.e2e.conftest import Service, wait_for
 from tests.support.databases import fresh_database
 from tests.support.ray_head import attached
+from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.spec import JobSpec
 
 STEPS = 150  # long enough at dp=2 for a node to come back and the job to grow
 LIMIT_S = 400.0  # generous: a loaded 2-core machine is slow

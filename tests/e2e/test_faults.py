@@ -18,9 +18,9 @@ from service.db import Database
 from service.users import UserDirectory
 from tests.e2e.conftest import Service, wait_for
 from tests.support.server import RunningServer
+from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
-from workers.skipped_batches import SkippedBatches
-from workers.spec import JobSpec
+from workers.storage.skipped_batches import SkippedBatches
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 24

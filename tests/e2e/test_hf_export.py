@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from tests.e2e.conftest import Service, wait_for
 from tests.support.hf_models import save_random_llama
+from workers.contract.spec import JobSpec
 from workers.engine.data import build_loader
 from workers.engine.local_model import load_local_model
-from workers.spec import JobSpec
 
 transformers = pytest.importorskip("transformers")
 

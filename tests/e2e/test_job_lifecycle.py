@@ -16,10 +16,10 @@ from service.db import Database
 from service.models import JobMetric
 from service.store import JobStore
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
-from workers.actors import NAMESPACE, supervisor_name
+from workers.contract.progress import MetricsEntry, ProgressEntry
+from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.progress import MetricsEntry, ProgressEntry
-from workers.spec import JobSpec
+from workers.runtime.actors import NAMESPACE, supervisor_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

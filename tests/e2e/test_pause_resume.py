@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Service, leftovers, wait_for
+from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.spec import JobSpec
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 60

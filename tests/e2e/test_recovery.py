@@ -17,9 +17,9 @@ import ray
 
 from api.client import Client
 from tests.e2e.conftest import Service, leftovers, wait_for
-from workers.actors import NAMESPACE, supervisor_name, worker_name
+from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.spec import JobSpec
+from workers.runtime.actors import NAMESPACE, supervisor_name, worker_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 40

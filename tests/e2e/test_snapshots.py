@@ -19,10 +19,10 @@ from tests.e2e.test_recovery import (
     assert_trained_like,
     finished,
 )
-from workers.actors import worker_name
+from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.snapshots import snapshot_dir
-from workers.spec import JobSpec
+from workers.runtime.actors import worker_name
+from workers.storage.snapshots import snapshot_dir
 
 MEMORY_EVERY = 3
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.postgres_server import _wait_ready
-from workers.net import free_port
+from workers.contract.net import free_port
 
 
 class PostgresProcess:

@@ -14,7 +14,7 @@ import uvicorn
 from api.app import create_app
 from service.config import Settings
 from service.runtime import Runtime
-from workers.net import free_port
+from workers.contract.net import free_port
 
 
 @dataclass

@@ -8,7 +8,7 @@ import sys
 CONTROL_PLANE = [
     "api.app",
     "api.cli",
-    "api.commands.serve",
+    "api.cli.serve",
     "api.local_service",
     "service.local_ray",
     "service.ray_runtime",

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from workers.contract.spec import JobSpec
 from workers.engine.corpus import SYNTHETIC_RUN, synthetic_tokens, text_tokens
 from workers.engine.data import BatchLoader, build_loader
 from workers.engine.tokenizer import ByteTokenizer
-from workers.spec import JobSpec
 
 
 def loader(tokens: np.ndarray, dp_rank: int = 0, dp_size: int = 1, seed: int = 0) -> BatchLoader:

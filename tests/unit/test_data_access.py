@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workers.contract.data_access import PRIVATE_ENV, ROOTS_ENV, DataAccess, DataAccessDenied
+from workers.contract.spec import JobSpec
 from workers.engine.corpus import bin_tokens
 from workers.engine.data import load_corpus
-from workers.engine.data_access import PRIVATE_ENV, ROOTS_ENV, DataAccess, DataAccessDenied
 from workers.engine.tokenizer import load_tokenizer
-from workers.spec import JobSpec
 
 SECRET = "sl_admin_0123456789abcdef"
 

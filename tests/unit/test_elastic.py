@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from workers.elastic import smaller_layouts, with_dp
-from workers.node_health import NodeHealth
-from workers.reservation import reserve_placement
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
+from workers.runtime.placement.elastic import smaller_layouts, with_dp
+from workers.runtime.placement.node_health import NodeHealth
+from workers.runtime.placement.reservation import reserve_placement
 
 
 def spec(dp: int = 4, min_dp: int | None = 1, global_batch: int = 8, **parallel: Any) -> JobSpec:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from workers.engine.data_access import DataAccess, DataAccessDenied
+from workers.contract.data_access import DataAccess, DataAccessDenied
+from workers.contract.spec import JobSpec
 from workers.engine.hf_export import write_tokenizer
-from workers.spec import JobSpec
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.hf_models import save_random_llama
-from workers.engine.data_access import ROOTS_ENV, DataAccessDenied
+from workers.contract.data_access import ROOTS_ENV, DataAccessDenied
+from workers.contract.hf_config import shape_from_config
 from workers.engine.generate import Sampling, generate
 from workers.engine.hf_export import write_safetensors
 from workers.engine.hf_weights import (
@@ -21,7 +22,6 @@ from workers.engine.hf_weights import (
     to_hf_state,
 )
 from workers.engine.model import ModelArgs, Transformer
-from workers.hf_config import shape_from_config
 
 pytest.importorskip("transformers")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.contract.spec import JobSpec
 from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
-from workers.spec import JobSpec
 
 
 def tiny_args(**changes: int) -> ModelArgs:

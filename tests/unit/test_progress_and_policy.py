@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from workers.failure_policy import FailurePolicy
-from workers.progress import MetricsEntry, ProgressBuffer
+from workers.contract.progress import MetricsEntry, ProgressBuffer
+from workers.runtime.supervisor.decisions import FailurePolicy
 
 
 def test_readers_resuming_after_n_see_each_entry_once() -> None:

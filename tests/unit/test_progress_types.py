@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pickle
 
-from workers.progress import CheckpointCommit, CheckpointEntry, ProgressBuffer, StateEntry
-from workers.recovery import first_failed_ranks
-from workers.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
+from workers.contract.progress import CheckpointCommit, CheckpointEntry, ProgressBuffer, StateEntry
+from workers.contract.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.recovery import first_failed_ranks
 
-# What workers/engine/checkpoint.py hands on_commit for a save that pruned two older ones.
+# What workers/engine/checkpoint/tier.py hands on_commit for a save that pruned two older ones.
 ENGINE_SUMMARY = {
     "step": 8,
     "path": "/ckpt/step-00000008",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.scheduler import Queued, job_demand, plan_admissions
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 8.0, "GPU": 0.0}
 

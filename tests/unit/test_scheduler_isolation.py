@@ -17,8 +17,8 @@ from service.models import Job
 from service.scheduler import Scheduler
 from service.store import JobStore
 from service.users import UserDirectory
-from workers.lifecycle import JobState
-from workers.spec import JobSpec
+from workers.contract.lifecycle import JobState
+from workers.contract.spec import JobSpec
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from workers.engine.data import BatchLoader
-from workers.nonfinite_policy import NonFinitePolicy
-from workers.skipped_batches import SkippedBatches, batch_index
+from workers.runtime.supervisor.nonfinite import NonFinitePolicy
+from workers.storage.skipped_batches import SkippedBatches, batch_index
 
 
 def test_without_skips_step_s_trains_batch_s() -> None:

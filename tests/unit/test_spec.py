@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.spec import JobSpec, describe_errors
+from workers.contract.spec import JobSpec, describe_errors
 
 
 def spec(**sections: Any) -> JobSpec:
@@ -41,7 +41,7 @@ def test_fields_override_the_preset() -> None:
 
 
 def test_importing_the_spec_does_not_import_torch_or_ray() -> None:
-    code = "import sys, workers.spec; print('torch' in sys.modules, 'ray' in sys.modules)"
+    code = "import sys, workers.contract.spec; print('torch' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

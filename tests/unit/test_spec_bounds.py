@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.scheduler import host_memory_refusal
+from workers.contract.spec import JobSpec, describe_errors
 from workers.engine.model import ModelArgs, Transformer, count_params
-from workers.spec import JobSpec, describe_errors
 
 
 def spec(**sections: Any) -> JobSpec:

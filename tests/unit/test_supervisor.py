@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-import workers.supervisor as supervisor_module
-from workers.failure_policy import FailurePolicy
-from workers.lifecycle import JobState
-from workers.progress import EventEntry, MetricsEntry, ProgressBuffer, StateEntry
-from workers.spec import JobSpec
-from workers.status import WorkerPhase, WorkerStatus
-from workers.supervisor import JobSupervisor
+import workers.runtime.supervisor.machine as supervisor_module
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import EventEntry, MetricsEntry, ProgressBuffer, StateEntry
+from workers.contract.spec import JobSpec
+from workers.contract.status import WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.decisions import FailurePolicy
+from workers.runtime.supervisor.machine import JobSupervisor
 
 
 class FakeWorkers:

@@ -7,13 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import workers.supervisor as supervisor_module
+import workers.runtime.supervisor.machine as supervisor_module
 from tests.unit.test_supervisor import FakeWorkers, no_waiting, status
-from workers.lifecycle import JobState
-from workers.progress import EventEntry
-from workers.spec import JobSpec
-from workers.status import WorkerStatus
-from workers.supervisor import JobSupervisor
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import EventEntry
+from workers.contract.spec import JobSpec
+from workers.contract.status import WorkerStatus
+from workers.runtime.supervisor.machine import JobSupervisor
 
 __all__ = ["no_waiting"]  # the autouse fixture: no poll interval, no backoff
 

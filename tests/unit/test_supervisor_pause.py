@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import workers.supervisor as supervisor_module
-from workers.checkpoint_store import RestoreSource
-from workers.lifecycle import JobState
-from workers.progress import CheckpointCommit, CheckpointEntry, EventEntry, MetricsEntry
-from workers.spec import JobSpec
-from workers.status import WorkerEvent, WorkerPhase, WorkerStatus
-from workers.supervisor import JobSupervisor, checkpoint_targets
+import workers.runtime.supervisor.machine as supervisor_module
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import CheckpointCommit, CheckpointEntry, EventEntry, MetricsEntry
+from workers.contract.spec import JobSpec
+from workers.contract.status import WorkerEvent, WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.machine import JobSupervisor, checkpoint_targets
+from workers.storage.checkpoints import RestoreSource
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:

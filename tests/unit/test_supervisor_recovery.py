@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-import workers.supervisor as supervisor_module
-from workers.lifecycle import JobState
-from workers.progress import EventEntry, MetricsEntry, StateEntry
-from workers.skipped_batches import SkippedBatches
-from workers.spec import JobSpec
-from workers.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
-from workers.supervisor import FaultRefused, JobSupervisor
+import workers.runtime.supervisor.machine as supervisor_module
+from workers.contract.lifecycle import JobState
+from workers.contract.progress import EventEntry, MetricsEntry, StateEntry
+from workers.contract.spec import JobSpec
+from workers.contract.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.machine import FaultRefused, JobSupervisor
+from workers.storage.skipped_batches import SkippedBatches
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:

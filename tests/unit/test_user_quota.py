@@ -11,8 +11,8 @@ from service.quotas import never_fits_quota
 from service.scheduler import Queued, Scheduler, UserQuota, plan_admissions
 from service.store import JobStore
 from service.users import UserDirectory
-from workers.lifecycle import JobState
-from workers.spec import JobSpec
+from workers.contract.lifecycle import JobState
+from workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 16.0, "GPU": 0.0}
 

@@ -15,7 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from workers.spec import ActivationCheckpointing
+from workers.contract.spec import ActivationCheckpointing
 
 log = logging.getLogger(__name__)
 

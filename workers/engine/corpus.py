@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from workers.engine.data_access import DataAccess
+from workers.contract.data_access import DataAccess
 from workers.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

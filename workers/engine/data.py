@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.contract.data_access import DataAccess
+from workers.contract.spec import DataSource, JobSpec
 from workers.engine.corpus import bin_tokens, synthetic_tokens, text_tokens
-from workers.engine.data_access import DataAccess
 from workers.engine.tokenizer import load_tokenizer
-from workers.skipped_batches import batch_index
-from workers.spec import DataSource, JobSpec
+from workers.storage.skipped_batches import batch_index
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class BatchLoader:
     seed: int
     val_fraction: float
     vocab_size: int
-    # Batches skipped after a non-finite loss (workers/skipped_batches.py).
+    # Batches skipped after a non-finite loss (workers/storage/skipped_batches.py).
     skipped_batches: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:

@@ -25,13 +25,19 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from workers.checkpoint_store import MANIFEST, CheckpointStore, CommittedCheckpoint
-from workers.engine.checkpoint import _reader
-from workers.engine.data_access import DataAccess
+from workers.contract.data_access import DataAccess
+from workers.contract.hf_config import (
+    CONFIG,
+    SAFETENSORS_INDEX,
+    TOKENIZER,
+    llama_config,
+    read_config,
+)
+from workers.contract.spec import JobSpec
+from workers.engine.checkpoint.tier import _reader
 from workers.engine.hf_weights import to_hf_state
 from workers.engine.model import ModelArgs
-from workers.hf_config import CONFIG, SAFETENSORS_INDEX, TOKENIZER, llama_config, read_config
-from workers.spec import JobSpec
+from workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from workers.engine.data_access import DataAccess
+from workers.contract.data_access import DataAccess
+from workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX, shape_from_config
 from workers.engine.model import ModelArgs
-from workers.hf_config import CONFIG, SAFETENSORS_INDEX, shape_from_config
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from workers.contract.spec import JobSpec
 from workers.engine.model import ModelArgs, Transformer
 from workers.engine.optimizer import model_name
-from workers.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

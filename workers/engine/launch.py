@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.checkpoint_store import RestoreSource
-from workers.spec import JobSpec
+from workers.contract.spec import JobSpec
+from workers.storage.checkpoints import RestoreSource
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class LocalCheckpoints:
 
 def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
     """The engine's CheckpointPlan for a local run (imports torch: call in a rank)."""
-    from workers.engine.checkpoint import CheckpointPlan
+    from workers.engine.checkpoint.tier import CheckpointPlan
 
     restore = [RestoreSource(local.folder)] if local.folder and local.resume else []
     return CheckpointPlan.for_spec(spec.checkpoint, local.folder, restore, local.snapshot_folder)
@@ -151,7 +151,7 @@ def train_local(
     on_event: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on `nproc` local processes; returns rank 0's summary."""
-    from workers.net import free_port
+    from workers.contract.net import free_port
 
     spec.check_world_size(nproc)
     ctx = mp.get_context("spawn")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from workers.checkpoint_store import MANIFEST
+from workers.contract.hf_config import CONFIG, TOKENIZER, shape_from_config
+from workers.contract.spec import JobSpec
 from workers.engine.hf_export import open_checkpoint, read_model_state
 from workers.engine.hf_weights import load_init_from
 from workers.engine.model import ModelArgs, Transformer, rope_tables
 from workers.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from workers.hf_config import CONFIG, TOKENIZER, shape_from_config
-from workers.spec import JobSpec
+from workers.storage.checkpoints import MANIFEST
 
 
 @dataclass

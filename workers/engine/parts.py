@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from workers.contract.spec import JobSpec, Precision
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
 from workers.engine.compiling import apply_compile
 from workers.engine.data_parallel import apply_data_parallel
@@ -23,7 +24,6 @@ from workers.engine.model import ModelArgs, Transformer, count_params, flops_per
 from workers.engine.parallel import ParallelDims
 from workers.engine.pipeline import split_model
 from workers.engine.tensor_parallel import apply_tensor_parallel
-from workers.spec import JobSpec, Precision
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from workers.spec import PipelineSchedule
+from workers.contract.spec import PipelineSchedule
 
 log = logging.getLogger(__name__)
 

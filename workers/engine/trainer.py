@@ -22,9 +22,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.checkpoint_store import CheckpointStore, CommittedCheckpoint
+from workers.contract.spec import JobSpec, Precision
 from workers.engine.accounting import memory_held, peak_flops
-from workers.engine.checkpoint import Checkpointer, CheckpointPlan, CommitSink, EventSink
+from workers.engine.checkpoint.snapshots import SnapshotTier
+from workers.engine.checkpoint.state import (
+    apply_small_state,
+    apply_tensor_state,
+    small_state,
+    tensor_state,
+)
+from workers.engine.checkpoint.tier import Checkpointer, CheckpointPlan, CommitSink, EventSink
 from workers.engine.data import build_loader
 from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
@@ -39,15 +46,8 @@ from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
-from workers.engine.snapshots import SnapshotTier
-from workers.engine.train_state import (
-    apply_small_state,
-    apply_tensor_state,
-    small_state,
-    tensor_state,
-)
-from workers.skipped_batches import SkippedBatches
-from workers.spec import JobSpec, Precision
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from workers.storage.skipped_batches import SkippedBatches
 
 log = logging.getLogger(__name__)
 

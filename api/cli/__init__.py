@@ -1,0 +1,8 @@
+"""The `shardline` command line: the typer app (app.py) and one module per command group.
+
+Its local commands (train, generate, export) may import the engine; the rest speak HTTP.
+"""
+
+from api.cli.app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,47 @@
+"""The `shardline` command line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import typer
+
+from api.cli import demo, hf, jobs, migrate, pausing, serve, train
+from api.cli.tokens import tokens_app
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Shardline: train large language models on your own cluster.",
+)
+app.command()(train.train)
+app.command()(serve.serve)
+app.command()(migrate.migrate)
+app.command()(demo.demo)
+app.command()(jobs.submit)
+app.command()(jobs.jobs)
+app.command()(jobs.status)
+app.command()(jobs.cancel)
+app.command()(jobs.logs)
+app.command()(jobs.metrics)
+app.command()(pausing.pause)
+app.command()(pausing.resume)
+app.command()(pausing.checkpoints)
+app.command()(hf.export)
+app.command()(hf.generate)
+app.add_typer(tokens_app, name="token")
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("SHARDLINE_LOG_LEVEL", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""`shardline migrate`: bring the database to the newest schema, then exit."""
+
+from __future__ import annotations
+
+from api.cli.common import console
+
+
+def migrate() -> None:
+    """Apply the Alembic migrations shipped in the package to SHARDLINE_DATABASE_URL.
+
+    `shardline serve` does the same before it serves; this is for deployments that
+    migrate as a separate step.
+    """
+    from service.config import Settings
+    from service.migrate import upgrade_to_head
+
+    settings = Settings()
+    upgrade_to_head(settings.resolved_database_url)
+    console.print("database is at the newest schema")

@@ -1,0 +1,90 @@
+"""`shardline serve`: migrate the database, make sure an admin exists, attach to Ray, serve."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from api.cli.common import console
+
+log = logging.getLogger(__name__)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind (SHARDLINE_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (SHARDLINE_PORT).")] = None,
+) -> None:
+    """Run the control plane on this machine's embedded defaults or SHARDLINE_* settings.
+
+    Without SHARDLINE_RAY_ADDRESS it starts a local Ray head (logical CPUs:
+    SHARDLINE_RAY_NUM_CPUS) that outlives restarts of this command while jobs run.
+    """
+    import uvicorn
+
+    # SIGTERM (docker stop, systemd, Kubernetes) and SIGINT end `serve` like a normal
+    # return: uvicorn drains requests with its own handlers, then re-raises the signal to
+    # the handler it found, which is this one, so the clean-up below still runs.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGINT, _exit_cleanly)
+
+    from api.app import create_app
+    from service.config import Settings
+    from service.db import Database
+    from service.local_ray import LocalRay, start_local_ray
+    from service.migrate import upgrade_to_head
+    from service.store import JobStore
+    from service.users import UserDirectory, bootstrap_admin
+
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    url = settings.resolved_database_url
+    upgrade_to_head(url)
+    db = Database(url)
+    token = bootstrap_admin(UserDirectory(db), settings.resolved_admin_token_file)
+    if token is not None:
+        console.print(
+            f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
+            f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
+            "the CLI finds it)"
+        )
+    local: LocalRay | None = None
+    address = settings.ray_address
+    if not address:
+        local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
+        local.use_auth()  # before ray is imported: it reads its auth settings then
+        address = local.address
+    from service.ray_runtime import RayRuntime
+
+    store = JobStore(db)
+    runtime = RayRuntime(settings, store, address)
+    console.print(
+        f"Shardline on http://{settings.host}:{settings.port} (status page at /, API docs "
+        f"at /docs); Ray at {address}",
+        soft_wrap=True,
+    )
+    try:
+        uvicorn.run(
+            create_app(settings, runtime),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+        )
+    finally:
+        active = [j for j in store.active_jobs() if j.state != "QUEUED"]
+        if local is not None and not active:
+            local.stop()
+        elif local is not None:
+            console.print(
+                f"Leaving the local Ray head running for {len(active)} active "
+                "job(s); `shardline serve` re-attaches to it."
+            )
+        db.dispose()
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    log.info("stopping on signal %d", signum)
+    raise SystemExit(0)

@@ -1,0 +1,300 @@
+"""Saving and restoring a rank's training state with torch.distributed.checkpoint (DCP).
+
+Every rank writes only its own shards; nothing is gathered onto one rank. Keys are the
+model's own parameter names (`model.<name>`, `optim.<name>.<key>`), the same in every
+layout, so DCP reshards any checkpoint into any other layout on load. The DCP files hold
+tensors only; the trainer's small state (step, loss scaler, RNG) travels as JSON in the
+manifest, so restoring never unpickles anything (workers/storage/checkpoints.py commits).
+
+With async saves the loop blocks only while the state is copied to host memory (pinned on
+GPU); the write, the checksums and the commit go on in a thread, over a process group of
+their own, while training continues. At most one save is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.tensor import DTensor
+
+from workers.contract.spec import CheckpointSpec
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint, RestoreSource
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[str, dict[str, Any]], None]
+CommitSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where a run saves, and where it may start from (tried in order, newest first)."""
+
+    save_url: str | None = None
+    every_steps: int = 0
+    keep_last: int = 2
+    async_save: bool = False
+    # The run's own folder comes first, so a restarted or resumed job continues from its
+    # own latest checkpoint; the first source that has one wins.
+    restore_from: list[RestoreSource] = field(default_factory=list)
+    # The in-memory tier (a folder in host memory, e.g. /dev/shm): saved every
+    # `snapshot_every_steps`, and a restore takes the newest step of either tier.
+    snapshot_url: str | None = None
+    snapshot_every_steps: int = 0
+
+    @classmethod
+    def for_spec(
+        cls,
+        spec: CheckpointSpec,
+        save_url: str | None,
+        restore_from: list[RestoreSource],
+        snapshot_url: str | None = None,
+    ) -> CheckpointPlan:
+        """The plan for a job's `checkpoint` section, saving into `save_url`."""
+        return cls(
+            save_url=save_url,
+            every_steps=spec.every_steps,
+            keep_last=spec.keep_last,
+            async_save=spec.async_save,
+            restore_from=restore_from,
+            snapshot_url=snapshot_url if spec.memory_every_steps > 0 else None,
+            snapshot_every_steps=spec.memory_every_steps,
+        )
+
+
+def _writer(store: CheckpointStore, path: str) -> Any:
+    if store.atomic_rename:
+        return FileSystemWriter(path, single_file_per_rank=True)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return FsspecWriter(store.writer_url(path), single_file_per_rank=True, sync_files=False)
+
+
+def _reader(store: CheckpointStore, path: str) -> Any:
+    if store.atomic_rename:
+        return FileSystemReader(path)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(store.writer_url(path))
+
+
+class Checkpointer:
+    """Saves into one CheckpointStore; restores from any."""
+
+    def __init__(
+        self,
+        store: CheckpointStore | None,
+        *,
+        keep_last: int,
+        async_save: bool,
+        info: dict[str, Any],
+        on_event: EventSink,
+        on_commit: CommitSink | None = None,
+        kind: str = "checkpoint",
+    ) -> None:
+        self.kind = kind  # "checkpoint" or "snapshot", in what it says
+        self.store = store
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.info = info  # layout, spec hash, versions: written into every manifest
+        self.on_event = on_event
+        self.on_commit = on_commit
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        # Saves talk over their own group so an async save never shares a collective
+        # stream with training.
+        self.group = dist.new_group(backend="gloo")
+        self.restored_step: int | None = None
+        self._pending: threading.Thread | None = None
+        self._staged: dict[str, torch.Tensor] = {}
+        if store is not None:
+            if self.rank == 0:
+                store.clear_staging()
+            dist.barrier(group=self.group)
+
+    # -- saving ------------------------------------------------------------------------
+
+    def save(
+        self, step: int, state: dict[str, torch.Tensor], trainer_state: dict[str, Any]
+    ) -> float:
+        """Save `state` as the checkpoint of `step`; returns the seconds training was held."""
+        assert self.store is not None, "no checkpoint folder to save into"
+        start = time.perf_counter()
+        self.wait()
+        if not self.async_save:
+            self._write(step, state, trainer_state, start, None)
+            return time.perf_counter() - start
+        staged = self._stage(state)
+        blocking = time.perf_counter() - start
+        self._pending = threading.Thread(
+            target=self._write_in_background,
+            args=(step, staged, trainer_state, start, blocking),
+            name=f"checkpoint-step-{step}",
+            daemon=True,
+        )
+        self._pending.start()
+        return blocking
+
+    def wait(self) -> None:
+        """Until the save in flight (if any) has committed or failed."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def _stage(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host copies of `state`, in buffers kept from one save to the next."""
+        pin = torch.cuda.is_available()
+        staged: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            local = value.to_local() if isinstance(value, DTensor) else value
+            buf = self._staged.get(key)
+            if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
+                buf = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=pin)
+                self._staged[key] = buf
+            buf.copy_(local, non_blocking=pin)
+            if isinstance(value, DTensor):
+                staged[key] = DTensor.from_local(
+                    buf,
+                    value.device_mesh,
+                    value.placements,
+                    run_check=False,
+                    shape=value.shape,
+                    stride=value.stride(),
+                )
+            else:
+                staged[key] = buf
+        if pin:
+            torch.cuda.synchronize()
+        return staged
+
+    def _write_in_background(self, *args: Any) -> None:
+        try:
+            self._write(*args)
+        except Exception as err:  # a failed save must not kill training; the next retries
+            log.exception("checkpoint save failed")
+            self.on_event(f"{self.kind} save of step {args[0]} failed: {err}", {"step": args[0]})
+
+    def _write(
+        self,
+        step: int,
+        state: dict[str, torch.Tensor],
+        trainer_state: dict[str, Any],
+        start: float,
+        blocking: float | None,
+    ) -> None:
+        store = self.store
+        assert store is not None
+        staging = store.staging_path(step)
+        dcp.save(state, storage_writer=_writer(store, staging), process_group=self.group)
+        mine = [
+            n
+            for n in store.files_in(staging)
+            if n.startswith(f"__{self.rank}_") or (self.rank == 0 and n == ".metadata")
+        ]
+        sums = store.checksums(staging, mine)
+        gathered: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(sums, gathered, dst=0, group=self.group)
+        if self.rank != 0:
+            return
+        files: dict[str, dict[str, Any]] = {}
+        for rank, part in enumerate(gathered or []):
+            for name, entry in part.items():
+                files[name] = {**entry, "rank": rank}
+        total = time.perf_counter() - start
+        blocking_s = total if blocking is None else blocking
+        ckpt = store.commit(
+            step,
+            files,
+            {
+                **self.info,
+                "trainer": trainer_state,
+                "world_size": self.world,
+                "save_s": total,
+                "blocking_s": blocking_s,
+            },
+        )
+        protect = {self.restored_step} if self.restored_step is not None else set()
+        deleted = store.prune(self.keep_last, protect)
+        summary = {
+            "step": step,
+            "path": ckpt.path,
+            "bytes": ckpt.bytes,
+            "layout": self.info.get("layout", ""),
+            "save_s": total,
+            "blocking_s": blocking_s,
+            "deleted": deleted,
+        }
+        self.on_event(
+            f"{self.kind} step {step} committed: {ckpt.bytes} bytes, "
+            f"{total:.2f}s to save, training held {blocking_s:.3f}s",
+            summary,
+        )
+        if self.on_commit is not None:
+            self.on_commit(summary)
+
+    # -- restoring ---------------------------------------------------------------------
+
+    def candidates(self, plan: CheckpointPlan) -> list[tuple[CheckpointStore, CommittedCheckpoint]]:
+        """Checkpoints to try, best first, agreed by every rank (rank 0 lists them)."""
+        found: list[Any] = [None]
+        if self.rank == 0:
+            listed = []
+            for source in plan.restore_from:
+                store = CheckpointStore(source.url)
+                for ckpt in store.committed():
+                    if source.accepts(ckpt.step):
+                        listed.append((source.url, ckpt))
+                if listed:  # the first source that has any wins (own folder, then resume_from)
+                    break
+            if plan.snapshot_url is not None:
+                # The job's own snapshots compete with its checkpoints by step; on a tie the
+                # snapshot wins (host memory reads faster). The sort below is stable.
+                snapshots = CheckpointStore(plan.snapshot_url).committed()
+                listed = [(plan.snapshot_url, c) for c in snapshots] + listed
+                listed.sort(key=lambda found: found[1].step, reverse=True)
+            found[0] = listed
+        dist.broadcast_object_list(found, src=0, group=self.group)
+        return [(CheckpointStore(url), ckpt) for url, ckpt in found[0]]
+
+    def restore(
+        self, plan: CheckpointPlan, make_state: Callable[[], dict[str, torch.Tensor]]
+    ) -> tuple[CommittedCheckpoint, dict[str, torch.Tensor]] | None:
+        """Load the newest checkpoint that verifies into the tensors of `make_state()` (in
+        place); returns it and the state, or None where there is none."""
+        candidates = self.candidates(plan)
+        state = make_state() if candidates else {}
+        for store, ckpt in candidates:
+            problem = self._verify(store, ckpt)
+            if problem is not None:
+                self.on_event(
+                    f"checkpoint step {ckpt.step} skipped: {problem}",
+                    {"step": ckpt.step, "path": ckpt.path, "problem": problem},
+                )
+                continue
+            start = time.perf_counter()
+            dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
+            self.restored_step = ckpt.step
+            tier = "memory" if store.url == plan.snapshot_url else "storage"
+            self.on_event(
+                f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
+                f"from {tier} in {time.perf_counter() - start:.2f}s",
+                {"step": ckpt.step, "path": ckpt.path, "tier": tier},
+            )
+            return ckpt, state
+        return None
+
+    def _verify(self, store: CheckpointStore, ckpt: CommittedCheckpoint) -> str | None:
+        """Every rank checks its share of the files; the first problem any rank found."""
+        names = sorted(ckpt.manifest["files"])[self.rank :: self.world]
+        problems: list[Any] = [None] * self.world
+        dist.all_gather_object(problems, store.verify(ckpt, names), group=self.group)
+        return next((p for p in problems if p is not None), None)

@@ -1,0 +1,259 @@
+"""One rank of a job: joins the world, trains in a thread, answers polls at once.
+
+A plain class; `workers/runtime/actors.py` makes it a Ray actor. Training runs in a background
+thread so `poll()` and `stop()` are served immediately even mid-step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.contract.progress import CheckpointCommit
+from workers.contract.spec import JobSpec
+from workers.contract.status import (
+    NonFiniteStep,
+    StepMetrics,
+    WorkerEvent,
+    WorkerPhase,
+    WorkerStatus,
+)
+from workers.runtime.faults import ArmedFaults, FaultKind
+from workers.storage.checkpoints import RestoreSource
+
+log = logging.getLogger(__name__)
+
+
+# Errors a rank raises while building its training (model, data, tokenizer) because of
+# what the job asked for: they would happen again on every retry.
+JOB_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    FileNotFoundError,
+    IsADirectoryError,
+    PermissionError,
+    UnicodeDecodeError,
+    NotImplementedError,
+)
+
+
+def is_deterministic(err: BaseException, *, while_building: bool) -> bool:
+    """Whether `err` is the job's own (retrying cannot help) rather than infrastructure's
+    (a dead peer, a lost node, a collective timeout)."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return False
+    return while_building and isinstance(err, JOB_ERRORS)
+
+
+@dataclass(frozen=True)
+class CheckpointTargets:
+    """Where a job's workers save (its own folder) and may start from, in order."""
+
+    save_dir: str
+    restore_from: list[RestoreSource] = field(default_factory=list)
+    snapshot_dir: str | None = None  # in-memory snapshots (workers/storage/snapshots.py); None: off
+
+
+class TrainingWorker:
+    def __init__(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        spec_json: str,
+        log_file: str,
+        cpus: float = 1.0,
+        checkpoints: CheckpointTargets | None = None,
+        metrics_file: str | None = None,
+    ) -> None:
+        self.job_id, self.rank, self.world_size = job_id, rank, world_size
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.checkpoints = checkpoints
+        # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
+        # replays what never reached the database.
+        self._metrics_file = Path(metrics_file) if metrics_file else None
+        self._log_handler = _log_to_file(Path(log_file))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._save_on_stop = False
+        self._phase = WorkerPhase.IDLE
+        self._step = 0
+        self._loss: float | None = None
+        self._last_progress = time.time()
+        self._error: str | None = None
+        self._deterministic = False
+        self._unsent: list[StepMetrics] = []
+        self._events: list[WorkerEvent] = []
+        self._commits: list[CheckpointCommit] = []
+        self._summary: dict[str, Any] | None = None
+        self._nonfinite: NonFiniteStep | None = None
+        self._faults = ArmedFaults()
+        self._trainer: Any = None
+        self._thread: threading.Thread | None = None
+        import torch
+
+        # Ranks share a node's cores: without this each would start one thread per core.
+        torch.set_num_threads(max(1, int(cpus)))
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Called on rank 0: this node's address and a free port for the process group."""
+        import ray
+
+        from workers.contract.net import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def start(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
+        """Join the world and train, in the background; returns at once."""
+        if self._thread is not None:
+            raise RuntimeError("worker already started")
+        self._phase = WorkerPhase.JOINING
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(master_addr, master_port, join_timeout_s),
+            name=f"train-rank-{self.rank}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
+        from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
+        from workers.engine.nonfinite import NonFiniteLoss
+        from workers.engine.trainer import Trainer
+
+        building = True
+        try:
+            device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
+            init_world(
+                rank=self.rank,
+                world_size=self.world_size,
+                master_addr=master_addr,
+                master_port=master_port,
+                device=device,
+                timeout_s=join_timeout_s,
+            )
+            trainer = Trainer(
+                self.spec,
+                world_size=self.world_size,
+                device=device,
+                on_metrics=self._on_metrics,
+                on_step=self._on_step,
+                grad_hook=self._faults.during_step,
+                checkpoints=self._plan(),
+                on_event=self._on_event,
+                on_checkpoint=self._on_checkpoint,
+            )
+            building = False
+            self._trainer = trainer
+            with self._lock:
+                self._phase = WorkerPhase.TRAINING
+                self._step = trainer.step
+                self._last_progress = time.time()
+            summary = trainer.train(
+                should_stop=self._should_stop, save_on_stop=lambda: self._save_on_stop
+            )
+            with self._lock:
+                self._summary = summary
+                self._step = trainer.step
+                self._phase = WorkerPhase.STOPPED if self._stop.is_set() else WorkerPhase.DONE
+            log.info("rank %d finished: %s", self.rank, summary)
+            leave_world()
+        except BaseException as err:  # reported through poll(), never lost in a thread
+            abandon_world()
+            with self._lock:
+                self._error = f"{type(err).__name__}: {err}"
+                self._deterministic = is_deterministic(err, while_building=building)
+                if isinstance(err, NonFiniteLoss):
+                    self._nonfinite = NonFiniteStep(err.step, err.batch, err.loss)
+                self._phase = WorkerPhase.FAILED
+            log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
+
+    def _plan(self) -> Any:
+        from workers.engine.checkpoint.tier import CheckpointPlan
+
+        if self.checkpoints is None:
+            return None
+        return CheckpointPlan.for_spec(
+            self.spec.checkpoint,
+            self.checkpoints.save_dir,
+            self.checkpoints.restore_from,
+            self.checkpoints.snapshot_dir,
+        )
+
+    def _should_stop(self) -> bool:
+        return self._stop.is_set()
+
+    def _on_event(self, message: str, data: dict[str, Any]) -> None:
+        log.info("%s", message)
+        if self.rank == 0:
+            with self._lock:
+                self._events.append(WorkerEvent(message, data))
+
+    def _on_checkpoint(self, commit: dict[str, Any]) -> None:
+        with self._lock:
+            self._commits.append(CheckpointCommit.from_summary(commit))
+
+    def _on_step(self, step: int) -> None:
+        if self._trainer is not None:  # a hang fault stops here: the step never counts
+            self._faults.before_step_done(self._trainer.parts.parameters)
+        with self._lock:
+            self._step = step
+            self._last_progress = time.time()
+
+    def _on_metrics(self, metrics: dict[str, Any]) -> None:
+        if self._metrics_file is not None:  # once per logged step: cheap next to a step
+            with self._metrics_file.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(metrics) + "\n")
+        with self._lock:
+            self._loss = metrics["loss"]
+            if self.rank == 0:
+                self._unsent.append(metrics)
+        log.info("step %d loss %.4f", metrics["step"], metrics["loss"])
+
+    def poll(self) -> WorkerStatus:
+        """Status now, plus (rank 0) the metrics logged since the previous poll."""
+        with self._lock:
+            status = WorkerStatus(
+                rank=self.rank,
+                phase=self._phase,
+                step=self._step,
+                loss=self._loss,
+                last_progress=self._last_progress,
+                error=self._error,
+                deterministic=self._deterministic,
+                metrics=self._unsent,
+                events=self._events,
+                checkpoints=self._commits,
+                summary=self._summary,
+                nonfinite=self._nonfinite,
+            )
+            self._unsent, self._events, self._commits = [], [], []
+        return status
+
+    def inject_fault(self, kind: str) -> None:
+        """Chaos testing (admins, through the supervisor): see workers/runtime/faults.py."""
+        self._faults.inject(FaultKind(kind))
+
+    def stop(self, save: bool = False) -> None:
+        """Finish the current step, then stop (after a checkpoint if `save`)."""
+        self._save_on_stop = save
+        self._stop.set()
+
+
+def _log_to_file(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
