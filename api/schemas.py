@@ -76,6 +76,9 @@ class JobPublic(_Times):
     step: int
     steps: int
     restarts: int
+    # Real failures so far, against spec.fault_tolerance.max_failures (restarts also
+    # count non-finite rollbacks and elastic grow-backs, which spend nothing).
+    failures: int
     # What recoveries cost: steps trained again, seconds lost, and goodput (the share of
     # the wall time since the job started that went into training it kept).
     steps_lost: int
@@ -105,6 +108,7 @@ class JobPublic(_Times):
             step=job.current_step,
             steps=_steps(job.spec),
             restarts=job.restarts,
+            failures=job.failures,
             steps_lost=job.steps_lost,
             seconds_lost=job.seconds_lost,
             goodput=goodput(job),

@@ -28,11 +28,12 @@ import torch
 
 from workers.contract.net import free_port
 from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.state import small_state, tensor_state
-from workers.engine.checkpoint.tier import Checkpointer, CheckpointPlan
+from workers.engine.checkpoint.state import ModelAndOptimizer
+from workers.engine.checkpoint.tier import CheckpointTier
 from workers.engine.distributed import init_world, leave_world
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
+from workers.storage.layout import CheckpointLocations
 
 CHUNK = 8 << 20
 
@@ -79,36 +80,36 @@ def build(dim: int, layers: int) -> Trainer:
     return trainer
 
 
-def checkpointer(folder: Path, async_save: bool) -> Checkpointer:
-    return Checkpointer(
+def checkpointer(folder: Path, async_save: bool) -> CheckpointTier:
+    return CheckpointTier(
         CheckpointStore(str(folder)),
         keep_last=10,
         async_save=async_save,
         info={"layout": "bench"},
-        on_event=lambda message, data: None,
+        on_event=lambda event: None,
     )
 
 
 def measure(trainer: Trainer, folder: Path) -> dict[str, Any]:
-    state = tensor_state(trainer.parts, trainer.optimizers)
+    state = ModelAndOptimizer(trainer.parts, trainer.optimizers).state_dict()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     before = raw_write_read(folder, nbytes)
 
     sync = checkpointer(folder / "sync", async_save=False)
-    sync_s = sync.save(1, state, small_state(1, trainer.scaler))
+    sync_s = sync.save(1, state, {"step": 1})
     start = time.perf_counter()
     restored = sync.restore(
-        CheckpointPlan(restore_from=[RestoreSource(str(folder / "sync"))]), lambda: state
+        CheckpointLocations(restore_from=(RestoreSource(str(folder / "sync")),)), lambda: state
     )
     restore_s = time.perf_counter() - start
     assert restored is not None and restored[0].step == 1
 
     # The first async save allocates its host buffers; later ones reuse them.
     background = checkpointer(folder / "async", async_save=True)
-    first_blocking_s = background.save(1, state, small_state(1, trainer.scaler))
+    first_blocking_s = background.save(1, state, {"step": 1})
     background.wait()
     start = time.perf_counter()
-    blocking_s = background.save(2, state, small_state(2, trainer.scaler))
+    blocking_s = background.save(2, state, {"step": 2})
     background.wait()
     async_total_s = time.perf_counter() - start
     # The disk's raw speed is measured before and after the saves; the faster of each is

@@ -69,7 +69,7 @@ def kill_supervisor(state_dir: Path, job_id: str) -> None:
     head.use_auth()
     import ray
 
-    from workers.runtime.actors import NAMESPACE, supervisor_name
+    from workers.runtime.names import NAMESPACE, supervisor_name
 
     if not ray.is_initialized():
         ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)

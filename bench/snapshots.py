@@ -24,7 +24,7 @@ from typing import Any
 
 from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
-from workers.storage.snapshots import snapshot_root
+from workers.storage.snapshots import default_snapshot_root
 
 
 def spec(steps: int, nproc: int, every: int) -> JobSpec:
@@ -46,7 +46,7 @@ def spec(steps: int, nproc: int, every: int) -> JobSpec:
 
 def step_interval(steps: int, nproc: int, every: int) -> dict[str, Any]:
     """Median seconds from one step's metrics to the next's, and the snapshot bytes."""
-    root = snapshot_root()
+    root = default_snapshot_root()
     root.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="bench-", dir=root))
     arrivals: list[float] = []

@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from workers.storage.layout import JobLayout
+
 DEFAULT_STATE_DIR = Path(".shardline")
 
 
@@ -26,6 +28,9 @@ class Settings(BaseSettings):
     ray_num_cpus: Annotated[int, Field(ge=1)] = 8
     # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
     storage_root: Path | None = None
+    # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots
+    # on each node, or its temp folder where it has no /dev/shm.
+    snapshot_root: Path | None = None
     # A job's data.path must resolve inside one of these folders (comma-separated).
     data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=lambda: [Path.cwd()])
     host: str = "127.0.0.1"
@@ -62,6 +67,11 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_root(self) -> Path:
         return (self.storage_root or self.state_dir / "storage").resolve()
+
+    def job_layout(self, job_id: str) -> JobLayout:
+        """Every path of one job, under this server's roots."""
+        snapshots = str(self.snapshot_root.resolve()) if self.snapshot_root else None
+        return JobLayout(str(self.resolved_storage_root), job_id, snapshots)
 
     @property
     def private_dirs(self) -> list[Path]:

@@ -38,6 +38,7 @@ class JobView:
     started_at: datetime | None
     finished_at: datetime | None
     restarts: int
+    failures: int
     failure_reason: str | None
     queue_reason: str | None
     current_step: int

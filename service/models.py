@@ -90,7 +90,11 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Every restart, whatever its cause (a failure, a non-finite rollback, a grow-back).
     restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # Real failures only: the one budget fault_tolerance.max_failures limits, read by
+    # every supervisor of the job and by the reconciler.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     failure_reason: Mapped[str | None] = mapped_column(Text, default=None)
     # Why a QUEUED job is still waiting, for users to see.
     queue_reason: Mapped[str | None] = mapped_column(Text, default=None)

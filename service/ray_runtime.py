@@ -15,20 +15,15 @@ from service.models import Job
 from service.quotas import resource_limits
 from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
-from service.scheduler import (
-    RESOURCE_NAMES,
-    Scheduler,
-    describe,
-    host_memory_refusal,
-    job_demand,
-)
+from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
+from workers.contract.demand import RESOURCE_NAMES, bundle_resources, describe, job_demand
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
 from workers.contract.spec import JobSpec
-from workers.runtime.actors import NAMESPACE, SupervisorActor, supervisor_name
-from workers.runtime.worker_group import bundle_resources
+from workers.runtime.actors import SupervisorActor
+from workers.runtime.names import NAMESPACE, supervisor_name
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +33,8 @@ CALL_TIMEOUT_S = 10.0
 class RaySupervisors:
     """Finding, starting, reading and removing supervisors by their actor names."""
 
-    def __init__(self, storage_root: str, access: DataAccess | None = None) -> None:
-        self.storage_root = storage_root
+    def __init__(self, settings: Settings, access: DataAccess | None = None) -> None:
+        self.settings = settings
         # Every actor a supervisor starts inherits its runtime_env, so each worker reads
         # the data roots from its environment when it opens a file.
         self.runtime_env = {"env_vars": (access or DataAccess()).env_vars()}
@@ -70,11 +65,12 @@ class RaySupervisors:
                 get_if_exists=True,
                 runtime_env=self.runtime_env,
             ).remote(
-                job.id,
+                self.settings.job_layout(job.id),
                 spec_json,
-                self.storage_root,
-                # What the database holds: a replacement supervisor replays the rest.
+                # What the database holds: a replacement supervisor replays the rest, and
+                # goes on counting the job's failures from there.
                 recorded_step=job.current_step,
+                failures=job.failures,
                 # A job RESTARTING with no supervisor lost it: the new one times the recovery.
                 recovering=job.state == JobState.RESTARTING,
             )
@@ -130,7 +126,7 @@ class RayRuntime:
         self.store = store
         self.address = address
         self.supervisors = RaySupervisors(
-            str(settings.resolved_storage_root),
+            settings,
             DataAccess.of(settings.data_roots, settings.private_dirs),
         )
         self.scheduler = Scheduler(

@@ -20,6 +20,7 @@ from service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from workers.contract.lifecycle import SUPERVISED, TERMINAL, JobState
 from workers.contract.progress import ProgressEntry, ProgressRead, StateEntry
 from workers.contract.spec import JobSpec
+from workers.runtime.supervisor.decisions import FailurePolicy
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,14 @@ class Reconciler(PeriodicLoop):
             return
         self._apply(job, snapshot["entries"])
         job = self.store.get(job.id)
-        ended = JobState(snapshot["state"]) in TERMINAL
+        # The supervisor let go of everything (it ended, or paused) in a way the job's
+        # state did not take: it finished or paused just as a cancel arrived. The cancel wins.
+        let_go = JobState(snapshot["state"]) in TERMINAL | {JobState.PAUSED}
         if (
-            ended
+            let_go
             and job.reconciled_seq >= snapshot["last_seq"]
-            and not JobState(job.state).terminal
+            and job.state == JobState.CANCELLING
         ):
-            # The supervisor ended in a way the job's state does not allow (it finished
-            # just as a cancel arrived): the cancel wins.
             self.store.transition(
                 job.id, JobState.CANCELLED, f"supervisor ended {snapshot['state']} while cancelling"
             )
@@ -107,18 +108,31 @@ class Reconciler(PeriodicLoop):
     def _apply_state(self, job_id: str, entry: StateEntry, seq: int) -> int:
         target = JobState(entry.state)
         job = self.store.get(job_id)
+        if job.state == target:
+            # The API got there first (PAUSING, CANCELLING): only the entry is recorded.
+            return self.store.record_progress(job_id, [entry], after_seq=seq)
         fields: dict[str, Any] = {"reconciled_seq": entry.seq}
         if target == JobState.RESTARTING:
             fields["restarts"] = job.restarts + 1
         if target == JobState.FAILED:
             fields["failure_reason"] = entry.reason
+        if entry.failures is not None:
+            fields["failures"] = entry.failures
         try:
             self.store.transition(
                 job_id, target, entry.reason, expected_version=job.version, **fields
             )
-        except IllegalTransition:
-            # e.g. RUNNING reported after the user asked to cancel: nothing to record but
-            # that it was read (record_progress writes no row for a state entry).
+        except IllegalTransition as err:
+            # The user's request won (a RUNNING reported after a cancel was asked for):
+            # the entry is recorded as read, with the failures it counted, and said here.
+            log.warning(
+                "job %s: supervisor's %s -> %s refused (%s): %s",
+                job_id,
+                job.state,
+                target.value,
+                entry.reason,
+                err,
+            )
             self.store.record_progress(job_id, [entry], after_seq=seq)
         return entry.seq
 
@@ -144,25 +158,27 @@ class Reconciler(PeriodicLoop):
         self._relaunch(job)
 
     def _relaunch(self, job: Job) -> None:
-        """A lost supervisor took its workers and placement group with it: start a new one,
-        which restores the job's newest committed checkpoint, while failures allow."""
+        """A lost supervisor took its workers and placement group with it: a real failure,
+        in the job's one budget. Start a new one, which restores the job's newest committed
+        checkpoint, while the same policy the supervisors apply allows."""
         max_failures = JobSpec.model_validate(job.spec).fault_tolerance.max_failures
-        if job.restarts >= max_failures:
-            reason = (
-                f"the job's supervisor actor is gone after {job.restarts} restart(s) "
-                f"(fault_tolerance.max_failures={max_failures})"
-            )
+        failures = job.failures + 1
+        decision = FailurePolicy(max_failures).decide(failures, "the job's supervisor is gone")
+        if not decision.retry:
             self.store.transition(
                 job.id,
                 JobState.FAILED,
-                reason,
+                decision.reason,
                 expected_version=job.version,
-                failure_reason=reason,
+                failure_reason=decision.reason,
+                failures=failures,
             )
             return
         job = self.store.restart_supervisor(
             job.id,
-            "the job's supervisor actor is gone; starting a new one from the newest checkpoint",
+            f"the job's supervisor is gone (failure {failures} of at most {max_failures}); "
+            "starting a new one from the newest checkpoint",
             expected_version=job.version,
+            failures=failures,
         )
         self.supervisors.launch(job)

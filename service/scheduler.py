@@ -12,28 +12,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from service.loop import PeriodicLoop
 from service.models import Job
 from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
+from workers.contract.demand import RESOURCE_NAMES, describe, fits, job_demand, stored_demand
 from workers.contract.lifecycle import SUPERVISED, JobState
 from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-RESOURCE_NAMES = ("CPU", "GPU")
-
-
-def job_demand(spec: JobSpec) -> dict[str, float]:
-    """Total resources of a job's placement group."""
-    ranks = spec.parallel.world_size
-    return {
-        "CPU": spec.resources.cpus_per_worker * ranks,
-        "GPU": spec.resources.gpus_per_worker * ranks,
-    }
-
 
 # fp32 weights, gradients and two Adam moments: what training holds per parameter.
 TRAINING_BYTES_PER_PARAM = 16
@@ -63,16 +51,6 @@ def host_memory_refusal(spec: JobSpec, cluster_gpus: float | None = None) -> str
         f"{need / 2**30:.0f} GiB of fp32 weights, gradients and optimizer state, more than "
         f"the {MAX_CPU_JOB_BYTES >> 30} GiB a job on CPU ranks may hold; {advice}"
     )
-
-
-def describe(resources: dict[str, float]) -> str:
-    return ", ".join(
-        f"{resources.get(k, 0):g} {k}" for k in RESOURCE_NAMES if resources.get(k, 0) or k == "CPU"
-    )
-
-
-def fits(demand: dict[str, float], free: dict[str, float]) -> bool:
-    return all(demand.get(k, 0) <= free.get(k, 0) + 1e-9 for k in RESOURCE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -194,7 +172,7 @@ class Scheduler(PeriodicLoop):
                 else:
                     # Started under older rules: it runs on, and still holds its resources.
                     log.warning("job %s: stored spec no longer validates: %s", j.id, err)
-                    demand[j.id] = _stored_demand(j.spec)
+                    demand[j.id] = stored_demand(j.spec)
         queued = [j for j in queued if j.id in demand]
         used = {k: 0.0 for k in RESOURCE_NAMES}
         held: dict[str, dict[str, float]] = {}
@@ -258,19 +236,6 @@ class Scheduler(PeriodicLoop):
             )
         except StoreError as err:
             log.info("job %s not failed: %s", job.id, err)
-
-
-def _stored_demand(spec: Any) -> dict[str, float]:
-    """A started job's resources read from its stored spec as it is (best effort)."""
-    try:
-        par, res = spec.get("parallel", {}), spec.get("resources", {})
-        ranks = int(par.get("dp", 1)) * int(par.get("tp", 1)) * int(par.get("pp", 1))
-        return {
-            "CPU": float(res.get("cpus_per_worker", 1.0)) * ranks,
-            "GPU": float(res.get("gpus_per_worker", 0.0)) * ranks,
-        }
-    except (AttributeError, TypeError, ValueError, OverflowError):
-        return {k: 0.0 for k in RESOURCE_NAMES}
 
 
 def _utc(value: datetime) -> datetime:

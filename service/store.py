@@ -7,8 +7,6 @@ swap). Two writers racing on one job cannot both win: the loser gets `Concurrent
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -21,6 +19,7 @@ from sqlalchemy.orm import Session, joinedload
 from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
 from service.principal import Viewer
+from workers.contract.events import EventKind
 from workers.contract.lifecycle import ACTIVE, JobState, is_legal
 from workers.contract.progress import (
     CheckpointCommit,
@@ -28,10 +27,10 @@ from workers.contract.progress import (
     EventEntry,
     MetricsEntry,
     ProgressEntry,
+    StateEntry,
     SummaryEntry,
 )
-from workers.contract.spec import JobSpec
-from workers.runtime.supervisor.recovery import RECOVERY_EVENT
+from workers.contract.spec import JobSpec, spec_hash
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +55,6 @@ class IllegalTransition(StoreError):
 
 class ConcurrentUpdate(StoreError):
     code = "concurrent_update"
-
-
-def spec_hash(spec: JobSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def new_job_id() -> str:
@@ -254,12 +248,15 @@ class JobStore:
             job_id, JobState.QUEUED, reason, expected_version=job.version, reconciled_seq=0
         )
 
-    def restart_supervisor(self, job_id: str, reason: str, *, expected_version: int) -> Job:
-        """Record that the job's supervisor is being recreated: one more restart, and the
-        new supervisor's progress is read from its first entry. A job STARTING or RUNNING
-        becomes RESTARTING; one already RESTARTING stays so."""
+    def restart_supervisor(
+        self, job_id: str, reason: str, *, expected_version: int, failures: int
+    ) -> Job:
+        """Record that the job's supervisor is being recreated: one more restart, the
+        job's failures now `failures`, and the new supervisor's progress read from its
+        first entry. A job STARTING or RUNNING becomes RESTARTING; one already RESTARTING
+        stays so."""
         job = self.get(job_id)
-        fields = {"restarts": job.restarts + 1, "reconciled_seq": 0}
+        fields = {"restarts": job.restarts + 1, "failures": failures, "reconciled_seq": 0}
         if job.state != JobState.RESTARTING:
             return self.transition(
                 job_id, JobState.RESTARTING, reason, expected_version=expected_version, **fields
@@ -296,7 +293,8 @@ class JobStore:
 
         Applies only if the job's `reconciled_seq` is still `after_seq` (so two readers
         cannot both write the same entries); returns the new `reconciled_seq`. State
-        entries are the caller's to apply (`transition`): here they only advance the seq.
+        entries are the caller's to apply (`transition`): here they only advance the seq
+        and record the failures they counted.
         """
         if not entries:
             return after_seq
@@ -317,6 +315,7 @@ class JobStore:
             latest: dict[str, Any] | None = None
             latest_checkpoint: str | None = None
             steps_lost, seconds_lost = 0, 0.0
+            failures: int | None = None
             for e in entries:
                 if isinstance(e, MetricsEntry) and e.step not in have:
                     s.add(JobMetric(job_id=job_id, step=e.step, values=e.values))
@@ -324,14 +323,19 @@ class JobStore:
                     latest = e.values
                 elif isinstance(e, EventEntry):
                     s.add(_event(job_id, "event", e.message, e.data))
-                    if e.data.get("kind") == RECOVERY_EVENT:  # counted with its seq: once
+                    if e.data.get("kind") == EventKind.RECOVERY:  # counted with its seq: once
                         steps_lost += int(e.data["steps_lost"])
                         seconds_lost += float(e.data["seconds_lost"])
                 elif isinstance(e, SummaryEntry):
                     s.add(_event(job_id, "summary", "training summary", e.summary))
                 elif isinstance(e, CheckpointEntry):
                     latest_checkpoint = self._add_checkpoint(s, job_id, e.commit)
+                elif isinstance(e, StateEntry) and e.failures is not None:
+                    # A failure counts even where its state was not taken (a cancel won).
+                    failures = e.failures
             values: dict[str, Any] = {"reconciled_seq": last_seq}
+            if failures is not None:
+                values["failures"] = failures
             if latest is not None:
                 values.update(latest_metrics=latest, current_step=latest["step"])
             if latest_checkpoint is not None:

@@ -121,6 +121,7 @@ def status(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
         "started_at",
         "finished_at",
         "restarts",
+        "failures",
         "failure_reason",
         "queue_reason",
         "latest_checkpoint",

@@ -29,8 +29,7 @@ from api.errors import ApiError
 from api.openapi import error_responses
 from service.config import Settings
 from workers.contract.data_access import DataAccess
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
-from workers.storage.layout import JobStorage
+from workers.storage.checkpoints import CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +41,7 @@ MAX_STEP = 2**63 - 1
 
 
 def _checkpoint(settings: Settings, job_id: str, step: int | None) -> CommittedCheckpoint:
-    store = CheckpointStore(str(JobStorage(settings.resolved_storage_root, job_id).checkpoints_dir))
-    ckpt = store.find(step)
+    ckpt = settings.job_layout(job_id).checkpoints().find(step)
     if ckpt is None:
         which = f"at step {step}" if step is not None else "yet"
         raise ApiError(
@@ -103,7 +101,9 @@ def export_job(
     zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked."""
     job = store.get(job_id, user)
     ckpt = _checkpoint(settings, job.id, step)
-    workdir = Path(tempfile.mkdtemp(prefix=f"shardline-export-{job.id}-"))
+    exports = settings.job_layout(job.id).exports_dir
+    exports.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="export-", dir=exports))
     try:
         out = workdir / "model"
         _run_export(ckpt, out, settings)

@@ -17,9 +17,9 @@ from api.deps import CurrentUser, RuntimeDep, StoreDep
 from api.errors import ApiError
 from api.openapi import error_responses
 from service.runtime import FaultNotDelivered
+from workers.contract.faults import FaultKind
 from workers.contract.lifecycle import JobState
 from workers.contract.spec import JobSpec
-from workers.runtime.faults import FaultKind
 
 log = logging.getLogger(__name__)
 

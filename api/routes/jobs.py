@@ -31,13 +31,11 @@ from service.job_logs import tail_lines
 from service.models import Job
 from service.principal import Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
-from service.scheduler import job_demand
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
+from workers.contract.demand import job_demand
 from workers.contract.lifecycle import JobState
 from workers.contract.spec import INIT_FROM, JobSpec
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import JobStorage
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)
@@ -129,9 +127,7 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
     if source is None:
         return
     job = store.get(source.job_id, user)
-    checkpoints = CheckpointStore(
-        str(JobStorage(settings.resolved_storage_root, job.id).checkpoints_dir)
-    )
+    checkpoints = settings.job_layout(job.id).checkpoints()
     if checkpoints.find(source.step) is None:
         which = f"at step {source.step}" if source.step else "yet"
         raise ApiError(
@@ -312,8 +308,8 @@ def job_logs(
     them, which ends when the job has ended.
     """
     job = store.get(job_id, user)
-    storage = JobStorage(settings.resolved_storage_root, job.id)
-    path = storage.log_file(rank)
+    layout = settings.job_layout(job.id)
+    path = layout.log_file(rank)
     if follow:
         return follow_response(store, user, job.id, path, tail)
-    return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=storage.log_ranks())
+    return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=layout.log_ranks())

@@ -14,9 +14,9 @@ import pytest
 from api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
 from service.store import ConcurrentUpdate, JobStore
 from tests.api.conftest import Backend
+from workers.contract.events import EventKind
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import EventEntry
-from workers.runtime.supervisor.recovery import RECOVERY_EVENT
 
 SPEC: dict[str, Any] = {"name": "faulty", "parallel": {"dp": 2}, "train": {"steps": 7}}
 
@@ -76,7 +76,7 @@ def test_get_job_shows_restarts_steps_and_seconds_lost_and_goodput(
     recovery = EventEntry(
         seq=1,
         message="recovered in 4.0s",
-        data={"kind": RECOVERY_EVENT, "steps_lost": 3, "seconds_lost": 10.0},
+        data={"kind": EventKind.RECOVERY.value, "steps_lost": 3, "seconds_lost": 10.0},
     )
     store.record_progress(job["id"], [recovery], after_seq=0)
     with pytest.raises(ConcurrentUpdate):  # a replay of the same entries counts nothing

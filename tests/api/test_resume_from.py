@@ -9,14 +9,11 @@ import pytest
 
 from api.client import Client, Conflict, InvalidRequest, NotFound
 from tests.api.conftest import Backend
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import JobStorage
 
 
 def commit_checkpoint(backend: Backend, job_id: str, step: int) -> None:
     """A committed checkpoint of `job_id` (one small file and its manifest)."""
-    root = backend.server.settings.resolved_storage_root
-    store = CheckpointStore(str(JobStorage(root, job_id).checkpoints_dir))
+    store = backend.server.settings.job_layout(job_id).checkpoints()
     staging = Path(store.staging_path(step))
     staging.mkdir(parents=True)
     (staging / "__0_0.distcp").write_bytes(b"shard")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,13 @@ def test_the_image_installs_the_package_not_an_editable_checkout() -> None:
     assert re.search(r"pip install -c constraints\.txt '\.\[postgres\]'", dockerfile)
     assert "-e " not in dockerfile
     assert Path(CHECKOUT / "constraints.txt").is_file()
+
+
+def test_the_image_copies_every_package_the_wheel_holds() -> None:
+    """A package the wheel would carry but the image never copies (migrations/ once) is
+    missing from the image's install."""
+    dockerfile = (CHECKOUT / "Dockerfile").read_text()
+    pyproject = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    for package in (pattern.rstrip("*") for pattern in include):
+        assert f"COPY {package} ./{package}" in dockerfile, package

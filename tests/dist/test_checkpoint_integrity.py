@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
+from workers.storage.layout import CheckpointLocations
 from workers.storage.checkpoints import MANIFEST, CheckpointStore, RestoreSource
-from workers.engine.checkpoint.tier import CheckpointPlan
 from workers.engine.trainer import Trainer
 
 
@@ -36,12 +36,9 @@ def make_trainer(
         train={"steps": steps, "warmup_steps": 1},
         checkpoint={"every_steps": 2, "keep_last": 5, "async_save": async_save},
     )
-    plan = CheckpointPlan(
+    plan = CheckpointLocations(
         save_url=str(folder),
-        every_steps=2,
-        keep_last=5,
-        async_save=async_save,
-        restore_from=[RestoreSource(str(folder))] if resume else [],
+        restore_from=(RestoreSource(str(folder)),) if resume else (),
     )
     sink = events.append if events is not None else None
     return Trainer(
@@ -49,7 +46,7 @@ def make_trainer(
         world_size=1,
         device=torch.device("cpu"),
         checkpoints=plan,
-        on_event=(lambda message, data: sink(message)) if sink else None,
+        on_event=(lambda event: sink(event.message)) if sink else None,
         on_checkpoint=commits.append if commits is not None else None,
     )
 
@@ -145,7 +142,7 @@ def test_a_run_that_finds_nothing_to_restore_trains_like_a_fresh_one(
     shard.write_bytes(b"")
     fresh = make_trainer(tmp_path / "a", resume=False)
     looked = make_trainer(tmp_path / "b", resume=True)
-    assert looked.restored is None and looked.step == 0
+    assert looked.checkpoints.restored is None and looked.step == 0
     losses = []
     for trainer in (fresh, looked):
         metrics: list[dict[str, Any]] = []
@@ -162,11 +159,8 @@ def test_keep_last_never_deletes_the_checkpoint_restored_from(
     spec = tiny_spec(
         train={"steps": 6, "warmup_steps": 1}, checkpoint={"every_steps": 2, "keep_last": 1}
     )
-    plan = CheckpointPlan(
-        save_url=str(tmp_path),
-        every_steps=2,
-        keep_last=1,
-        restore_from=[RestoreSource(str(tmp_path))],
+    plan = CheckpointLocations(
+        save_url=str(tmp_path), restore_from=(RestoreSource(str(tmp_path)),)
     )
     trainer = Trainer(spec, world_size=1, device=torch.device("cpu"), checkpoints=plan)
     assert trainer.step == 2

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from tests.dist.ranks import on_ranks
 from tests.support.hf_models import save_random_llama
 from workers.storage.checkpoints import CheckpointStore
-from workers.engine.checkpoint.tier import CheckpointPlan
+from workers.storage.layout import CheckpointLocations
 from workers.contract.data_access import DataAccess
 from workers.engine.dtensor import plain
 from workers.engine.trainer import Trainer
@@ -71,7 +71,7 @@ def _import_forward_save(
         resolve_init_from(spec, DataAccess()),
         world_size=world,
         device=device,
-        checkpoints=CheckpointPlan(save_url=checkpoints),
+        checkpoints=CheckpointLocations(save_url=checkpoints),
     )
     trainer.save_checkpoint()  # step 0: the imported weights, as the ranks hold them
     with torch.no_grad():

@@ -25,8 +25,7 @@ from service.users import UserDirectory
 from tests.support.databases import fresh_database
 from tests.support.ray_head import running_ray_head
 from tests.support.server import RunningServer, run_server
-from workers.runtime.actors import NAMESPACE
-from workers.runtime.worker_group import placement_group_name
+from workers.runtime.names import NAMESPACE, placement_group_name
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import ray
 
 from api.client import Client
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
-from workers.runtime.actors import NAMESPACE, worker_name
+from workers.runtime.names import NAMESPACE, worker_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 

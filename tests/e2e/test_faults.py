@@ -129,18 +129,18 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
         metrics = c.metrics(job["id"])
         events = events_of(c, job["id"])
         admin.close()
-        skips = SkippedBatches(
-            str(svc.settings.resolved_storage_root / job["id"] / "checkpoints")
-        ).read()
+        skips = svc.settings.job_layout(job["id"]).skipped_batches().read()
     said = [e for e in events if e["message"].startswith("non-finite loss")]
     assert len(said) == 1, messages(c, job["id"])
     step = said[0]["data"]["step"]
-    assert said[0]["data"] == {"step": step, "batch": step, "skipped": True}
+    assert said[0]["data"] == {"step": step, "batch": step, "skipped": True, "kind": "nonfinite"}
     assert f"the loss of step {step} is not finite" in said[0]["message"]
     assert skips == [{"step": step, "batch": step}]
     rec = next(e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery")
     assert rec["skipped"] == {"step": step, "batch": step} and rec["restored_step"] < step
-    assert done["restarts"] == 1 and done["steps_lost"] == rec["steps_lost"]
+    # A rollback restarts the workers but spends none of the failure budget.
+    assert (done["restarts"], done["failures"]) == (1, 0)
+    assert done["steps_lost"] == rec["steps_lost"]
     # Every step once: up to the skip as the plain run, and all of them exactly as a run
     # that skips the same batch from the start (resume stays exact).
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))

@@ -19,7 +19,7 @@ from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_f
 from workers.contract.progress import MetricsEntry, ProgressEntry
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.runtime.actors import NAMESPACE, supervisor_name
+from workers.runtime.names import NAMESPACE, supervisor_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

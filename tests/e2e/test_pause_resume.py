@@ -4,6 +4,7 @@ uninterrupted `shardline train` of the same spec."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -19,6 +20,7 @@ STEPS = 60
 # Generous limits: a loaded 2-core machine is slow, and the assertions are about what
 # happened, not how fast.
 LIMIT_S = 300.0
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 BODY: dict[str, Any] = {
     "name": "e2e-pause",
@@ -55,10 +57,35 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"), LIMIT_S)
         assert done["state"] == "SUCCEEDED", done
         metrics = c.metrics(job["id"])
-        events = [e["message"] for e in c.events(job["id"], after=0)]
+        timeline = c.events(job["id"], after=0)
+        events = [e["message"] for e in timeline]
 
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for got, want in zip(metrics, reference, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
     assert any(f"restored checkpoint step {at}" in e for e in events), events
     assert any(e == f"paused after step {at}" for e in events), events
+    # One pause and one resume, and a pause is no failure.
+    moves = [(e["data"]["from"], e["data"]["to"]) for e in timeline if e["kind"] == "state"]
+    assert moves.count(("PAUSING", "PAUSED")) == 1 and moves.count(("PAUSED", "QUEUED")) == 1
+    assert [to for _, to in moves].count("PAUSED") == 1, moves
+    assert not [e for e in events if e.startswith("failure")], events
+    assert (done["failures"], done["restarts"]) == (0, 0)
+
+
+def test_a_pause_then_a_cancel_ends_cancelled_and_holds_nothing(service: ServiceFactory) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
+        c.pause(job["id"])
+        time.sleep(0.3)
+        c.cancel(job["id"])
+        done = wait_for(c, job["id"], lambda j: j["state"] in TERMINAL, LIMIT_S)
+        events = [e["message"] for e in c.events(job["id"], after=0)]
+        assert done["state"] == "CANCELLED", events
+        assert (done["failures"], done["restarts"]) == (0, 0), events
+        assert not [e for e in events if e.startswith("failure")], events
+        deadline = time.monotonic() + 60
+        while leftovers(svc.ray_address, job["id"]) != {"actors": [], "placement_groups": []}:
+            assert time.monotonic() < deadline, leftovers(svc.ray_address, job["id"])
+            time.sleep(0.5)

@@ -21,8 +21,7 @@ from tests.e2e.test_recovery import (
 )
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.runtime.actors import worker_name
-from workers.storage.snapshots import snapshot_dir
+from workers.runtime.names import worker_name
 
 MEMORY_EVERY = 3
 
@@ -57,7 +56,8 @@ def test_worker_killed_resumes_from_the_snapshot_in_memory(
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
         wait_for(c, job["id"], lambda j: j["step"] >= 8, LIMIT_S)
-        assert snapshot_dir(job["id"]).is_dir()  # one host: the snapshots live here
+        snapshots = svc.settings.job_layout(job["id"]).snapshot_dir
+        assert snapshots.is_dir()  # one host: the snapshots live here
         os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
@@ -75,4 +75,4 @@ def test_worker_killed_resumes_from_the_snapshot_in_memory(
     print(recovered[0]["message"])  # the MTTR measured, for docs/benchmarks.md
     # Snapshots are never reported as checkpoints, and are removed with the job.
     assert [ck["step"] for ck in checkpoints] == [STEPS]
-    assert not snapshot_dir(job["id"]).exists()
+    assert not snapshots.exists()

@@ -77,7 +77,7 @@ def test_an_elastic_job_that_cannot_get_its_ranks_goes_on_with_fewer() -> None:
         spec(dp=4),
         4,
         cancelled=lambda: False,
-        on_event=lambda msg, **data: events.append(msg),
+        on_event=lambda event: events.append(event.message),
         elastic_wait_s=0.05,
         chunk_s=0.01,
     )
@@ -98,7 +98,7 @@ def test_without_elastic_it_waits_for_capacity_and_cancel_ends_the_wait() -> Non
         spec(dp=4, min_dp=None),
         4,
         cancelled=cancel.is_set,
-        on_event=lambda msg, **data: events.append(msg),
+        on_event=lambda event: events.append(event.message),
         elastic_wait_s=0.05,
         chunk_s=0.01,
     )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pickle
 
+from workers.contract.events import Event, EventKind
 from workers.contract.progress import CheckpointCommit, CheckpointEntry, ProgressBuffer, StateEntry
-from workers.contract.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.recovery import first_failed_ranks
+from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.watch import Verdict, judge
 
 # What workers/engine/checkpoint/tier.py hands on_commit for a save that pruned two older ones.
 ENGINE_SUMMARY = {
@@ -37,7 +38,7 @@ def test_a_status_survives_pickling_as_ray_sends_it() -> None:
         last_progress=1.0,
         error="NonFiniteLoss: nan",
         metrics=[{"step": 5, "loss": 2.0}],
-        events=[WorkerEvent("restored checkpoint step 4", {"step": 4})],
+        events=[Event(EventKind.RESTORED, "restored checkpoint step 4", {"step": 4})],
         checkpoints=[CheckpointCommit.from_summary(ENGINE_SUMMARY)],
         nonfinite=NonFiniteStep(step=6, batch=6, loss=float("inf")),
     )
@@ -54,7 +55,8 @@ def test_a_lost_rank_is_failed_lost_and_named_before_its_peers() -> None:
         False,
     )
     peer = WorkerStatus(0, WorkerPhase.FAILED, 4, None, 0.0, error="Connection reset by peer")
-    assert first_failed_ranks([peer, dead]) == [1]
+    group = judge([peer, dead], hang_timeout_s=60)
+    assert group.verdict == Verdict.FAILED and group.ranks == [1] and group.lost == [1]
 
 
 def test_the_buffer_numbers_entries_it_is_given() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from service.scheduler import Queued, job_demand, plan_admissions
+from service.scheduler import Queued, plan_admissions
+from workers.contract.demand import job_demand
 from workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 8.0, "GPU": 0.0}

@@ -5,29 +5,14 @@ The scheduler runs over a real job store on a SQLite file; only the launcher is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from sqlalchemy import update
 
-from service.db import Database
-from service.migrate import upgrade_to_head
 from service.models import Job
 from service.scheduler import Scheduler
 from service.store import JobStore
 from service.users import UserDirectory
 from workers.contract.lifecycle import JobState
 from workers.contract.spec import JobSpec
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[JobStore]:
-    url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    upgrade_to_head(url)
-    db = Database(url)
-    yield JobStore(db)
-    db.dispose()
 
 
 def submit(store: JobStore, name: str) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from workers.engine.data import BatchLoader
-from workers.runtime.supervisor.nonfinite import NonFinitePolicy
+from workers.runtime.supervisor.decisions import NonFinitePolicy
 from workers.storage.skipped_batches import SkippedBatches, batch_index
 
 
@@ -48,28 +48,25 @@ def test_the_record_only_grows_and_survives_a_new_reader(tmp_path: Path) -> None
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
-def test_policy_skips_up_to_the_limit_then_fails_naming_it(tmp_path: Path) -> None:
-    policy = NonFinitePolicy(2, SkippedBatches(str(tmp_path)))
-    first = policy.decide(5, 5, float("nan"))
+def test_policy_skips_up_to_the_limit_then_fails_naming_it() -> None:
+    policy = NonFinitePolicy(2)
+    first = policy.decide(5, float("nan"), 5, [])
     assert (
         first.skip and "skipping batch 5" in first.reason and "skip 1 of at most 2" in first.reason
     )
-    assert policy.decide(8, 9, float("inf")).skip
-    third = policy.decide(12, 14, float("nan"))
+    past = [{"step": 5, "batch": 5}]
+    assert policy.decide(8, float("inf"), 9, past).skip
+    third = policy.decide(12, float("nan"), 14, [*past, {"step": 8, "batch": 9}])
     assert not third.skip
     assert "step 12" in third.reason and "max_nonfinite_skips=2" in third.reason
-    assert policy.record.batches() == [5, 9]
 
 
-def test_a_loss_not_finite_again_at_the_same_step_fails_at_once(tmp_path: Path) -> None:
-    policy = NonFinitePolicy(10, SkippedBatches(str(tmp_path)))
-    assert policy.decide(5, 5, float("nan")).skip
-    again = policy.decide(5, 6, float("nan"))
+def test_a_loss_not_finite_again_at_the_same_step_fails_at_once() -> None:
+    again = NonFinitePolicy(10).decide(5, float("nan"), 6, [{"step": 5, "batch": 5}])
     assert not again.skip
     assert "again after rolling back" in again.reason and "not retried" in again.reason
-    assert policy.record.batches() == [5]
 
 
-def test_no_skips_allowed_fails_the_first_time(tmp_path: Path) -> None:
-    decision = NonFinitePolicy(0, SkippedBatches(str(tmp_path))).decide(3, 3, float("nan"))
+def test_no_skips_allowed_fails_the_first_time() -> None:
+    decision = NonFinitePolicy(0).decide(3, float("nan"), 3, [])
     assert not decision.skip and "max_nonfinite_skips=0" in decision.reason

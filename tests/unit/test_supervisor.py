@@ -15,6 +15,7 @@ from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerPhase, WorkerStatus
 from workers.runtime.supervisor.decisions import FailurePolicy
 from workers.runtime.supervisor.machine import JobSupervisor
+from workers.storage.layout import JobLayout
 
 
 class FakeWorkers:
@@ -76,7 +77,7 @@ def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate(
         {"name": "s", "parallel": {"dp": 2}, "fault_tolerance": {"max_failures": 1, **ft}}
     )
-    return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
 
 
 @pytest.fixture(autouse=True)

@@ -7,13 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import workers.runtime.supervisor.machine as supervisor_module
 from tests.unit.test_supervisor import FakeWorkers, no_waiting, status
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import EventEntry
 from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.runtime.supervisor.machine import JobSupervisor
+from workers.storage.layout import JobLayout
 
 __all__ = ["no_waiting"]  # the autouse fixture: no poll interval, no backoff
 
@@ -50,7 +50,7 @@ def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate(
         {"name": "s", "parallel": {"dp": 2}, "fault_tolerance": {"max_failures": 3, **ft}}
     )
-    return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
 
 
 def events(sup: JobSupervisor) -> list[str]:
@@ -80,7 +80,6 @@ def test_a_node_where_ranks_died_twice_is_left_out_and_named(tmp_path: Path) -> 
 def test_a_shrunk_elastic_job_grows_back_when_there_is_room(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(supervisor_module, "GROW_CHECK_S", 0.0)
     workers = PlacedFakeWorkers(
         [
             [status(0, "training", 3)],  # running shrunk at dp=1
@@ -90,9 +89,10 @@ def test_a_shrunk_elastic_job_grows_back_when_there_is_room(
         nodes=["node-a", "node-a"],
     )
     sup = make(tmp_path, workers, elastic={"min_dp": 1})
-    sup.layout = JobSpec.model_validate({**sup.spec.model_dump(), "parallel": {"dp": 1}})
+    sup.grow.check_every_s = 0.0
+    sup.running = JobSpec.model_validate({**sup.spec.model_dump(), "parallel": {"dp": 1}})
     assert sup.run() == JobState.SUCCEEDED
-    assert workers.sizes == [2] and sup.layout.parallel.dp == 2
+    assert workers.sizes == [2] and sup.running.parallel.dp == 2
     assert "stop" in workers.log
     assert any(
         e.startswith("elastic: capacity is back, growing from dp=1 to dp=2") for e in events(sup)

@@ -9,12 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import workers.runtime.supervisor.machine as supervisor_module
+from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import JobState
-from workers.contract.progress import CheckpointCommit, CheckpointEntry, EventEntry, MetricsEntry
+from workers.contract.progress import (
+    CheckpointCommit,
+    CheckpointEntry,
+    EventEntry,
+    MetricsEntry,
+    StateEntry,
+)
 from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerEvent, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.machine import JobSupervisor, checkpoint_targets
+from workers.contract.status import WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.decisions import Next
+from workers.runtime.supervisor.machine import JobSupervisor
+from workers.runtime.supervisor.workers import checkpoint_locations
 from workers.storage.checkpoints import RestoreSource
+from workers.storage.layout import JobLayout
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:
@@ -49,7 +59,7 @@ class PausableWorkers:
             blocking_s=0.5,
             deleted=[],
         )
-        event = WorkerEvent("checkpoint step 6 committed", {"step": 6})
+        event = Event(EventKind.CHECKPOINT_COMMITTED, "checkpoint step 6 committed", {"step": 6})
         first = status(0, WorkerPhase.STOPPED, 6, checkpoints=[commit], events=[event])
         self.stopping = False  # reported once, as a real rank does
         self.stopped = True
@@ -72,28 +82,33 @@ class PausableWorkers:
 def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)
     workers = PausableWorkers()
-    sup = JobSupervisor("job1", JobSpec(name="t").model_dump_json(), str(tmp_path), workers)
-    assert sup.step() == JobState.RUNNING
-    sup._enter(JobState.RUNNING)
-    assert sup.step() == JobState.RUNNING  # training, nothing asked
+    spec = JobSpec(name="t").model_dump_json()
+    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
+    assert sup.step().state == JobState.RUNNING
+    sup._enter(Next(JobState.RUNNING))
+    assert sup.step().state == JobState.RUNNING  # training, nothing asked
     sup.pause()
-    assert sup.step() == JobState.PAUSED
+    sup._enter(sup.step())
+    assert sup.state == JobState.PAUSING  # a legal edge: RUNNING -> PAUSING -> PAUSED
+    sup._enter(sup.step())
+    assert sup.state == JobState.PAUSED
     assert workers.calls == ["start", "stop(save=True)", "release"]
     entries = sup.buffer.after(0)
     checkpoints = [e for e in entries if isinstance(e, CheckpointEntry)]
     assert [c.commit.step for c in checkpoints] == [6]
     assert any(isinstance(e, EventEntry) and "committed" in e.message for e in entries)
-    assert sup._reason == "paused after step 6"
+    states = [e for e in entries if isinstance(e, StateEntry)]
+    assert states[-1].state == JobState.PAUSED and states[-1].reason == "paused after step 6"
 
 
 def test_a_job_resumes_from_its_own_checkpoints_before_resume_from(tmp_path: Path) -> None:
     spec = JobSpec(name="t", resume_from={"job_id": "src1", "step": 4})  # type: ignore[arg-type]
-    targets = checkpoint_targets(spec, str(tmp_path), "job2")
-    assert targets.save_dir == str(tmp_path / "job2" / "checkpoints")
-    assert targets.restore_from == [
+    targets = checkpoint_locations(spec, JobLayout(str(tmp_path), "job2"))
+    assert targets.save_url == str(tmp_path / "job2" / "checkpoints")
+    assert targets.restore_from == (
         RestoreSource(str(tmp_path / "job2" / "checkpoints")),
         RestoreSource(str(tmp_path / "src1" / "checkpoints"), step=4),
-    ]
+    )
     own, source = targets.restore_from
     assert [s for s in (6, 7, 8) if own.accepts(s)] == [6, 7, 8]
     assert [s for s in (3, 4, 5) if source.accepts(s)] == [4]
@@ -107,8 +122,9 @@ def test_a_replacement_supervisor_replays_metrics_the_database_never_got(
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 9)]
     logged.write_text("\n".join(lines) + '\n{"step": 9, "lo')  # the last write was cut
     spec = JobSpec(name="t").model_dump_json()
-    sup = JobSupervisor("job3", spec, str(tmp_path), PausableWorkers(), recorded_step=5)
-    assert sup.step() == JobState.RUNNING
+    layout = JobLayout(str(tmp_path), "job3")
+    sup = JobSupervisor(layout, spec, workers=PausableWorkers(), recorded_step=5)
+    assert sup.step().state == JobState.RUNNING
     replayed = [e for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
     assert [e.step for e in replayed] == [6, 7, 8]
-    assert sup.reported_step == 8
+    assert sup.relay.reported_step == 8

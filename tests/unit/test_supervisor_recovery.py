@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 import workers.runtime.supervisor.machine as supervisor_module
+from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import EventEntry, MetricsEntry, StateEntry
 from workers.contract.spec import JobSpec
-from workers.contract.status import NonFiniteStep, WorkerEvent, WorkerPhase, WorkerStatus
+from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
 from workers.runtime.supervisor.machine import FaultRefused, JobSupervisor
+from workers.storage.layout import JobLayout
 from workers.storage.skipped_batches import SkippedBatches
 
 
@@ -73,7 +75,7 @@ class ScriptedWorkers:
 
 def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}, "fault_tolerance": ft})
-    return JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
 
 
 def events(sup: JobSupervisor) -> list[EventEntry]:
@@ -103,7 +105,7 @@ def training() -> list[WorkerStatus]:
 def test_a_cancel_or_pause_does_not_wait_out_the_backoff(tmp_path: Path, interrupt: str) -> None:
     workers = ScriptedWorkers([[boom()], [training()]])
     sup = make(tmp_path, workers, max_failures=5)
-    sup.policy.base_backoff_s = 120.0  # a backoff far longer than this test may take
+    sup.handling.policy.base_backoff_s = 120.0  # a backoff far longer than this test may take
     runner = threading.Thread(target=sup.run, daemon=True)
     runner.start()
     deadline = time.monotonic() + 30
@@ -130,9 +132,9 @@ def test_a_nonfinite_loss_rolls_back_skips_the_batch_and_finishes(tmp_path: Path
     # Rolled back on fresh workers, with no failure counted (max_failures is 0).
     assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
     assert sup.failures == 0
-    assert SkippedBatches(str(sup.storage.checkpoints_dir)).read() == [{"step": 6, "batch": 6}]
+    assert SkippedBatches(str(sup.layout.checkpoints_dir)).read() == [{"step": 6, "batch": 6}]
     said = next(e for e in events(sup) if e.message.startswith("non-finite loss"))
-    assert said.data == {"step": 6, "batch": 6, "skipped": True}
+    assert said.data == {"step": 6, "batch": 6, "skipped": True, "kind": "nonfinite"}
     assert "skipping batch 6" in said.message
     recovered = next(e for e in events(sup) if e.message.startswith("recovered"))
     assert recovered.data["skipped"] == {"step": 6, "batch": 6}
@@ -166,7 +168,7 @@ def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Pa
         status(0, WorkerPhase.TRAINING, 4, metrics=metrics),
         status(1, WorkerPhase.TRAINING, 4),
     ]
-    restored = WorkerEvent("restored checkpoint step 2", {"step": 2})
+    restored = Event(EventKind.RESTORED, "restored checkpoint step 2", {"step": 2})
     after = [
         status(0, WorkerPhase.TRAINING, 3, events=[restored]),
         status(1, WorkerPhase.TRAINING, 3),
@@ -174,7 +176,7 @@ def test_a_recovery_event_names_cause_ranks_nodes_snapshot_and_cost(tmp_path: Pa
     done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
     workers = ScriptedWorkers([[before, boom()], [after, done]])
     sup = make(tmp_path, workers, max_failures=1)
-    sup.policy.base_backoff_s = 0.0
+    sup.handling.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
     rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["cause"] == "rank 1: boom"
@@ -194,7 +196,7 @@ def test_a_hang_names_the_ranks_behind_and_where_each_stood(tmp_path: Path) -> N
     training = [status(0, WorkerPhase.TRAINING, 8), status(1, WorkerPhase.TRAINING, 8)]
     workers = ScriptedWorkers([[hung], [training, done]])
     sup = make(tmp_path, workers, hang_timeout_s=10, max_failures=1)
-    sup.policy.base_backoff_s = 0.0
+    sup.handling.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
     failure = next(e for e in events(sup) if e.message.startswith("failure"))
     assert "rank 1 at step 6; the front at step 7" in failure.message
@@ -221,19 +223,20 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     workers.script = [boom()]
     sup._enter(sup.step())
     assert sup.state == JobState.RESTARTING
-    assert sup._recovery is not None and sup._recovery.injected == "raise on rank 1"
+    recovery = sup.recoveries.current
+    assert recovery is not None and recovery.injected == "raise on rank 1"
     sup.cancel()
     with pytest.raises(FaultRefused):
         sup.inject_fault("kill", 0)
 
 
 def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Path) -> None:
-    dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError")
+    dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError", lost=True)
     broken = status(0, WorkerPhase.FAILED, 4, error="RuntimeError: Connection reset by peer")
     done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
     workers = ScriptedWorkers([[[broken, dead]], [training(), done]])
     sup = make(tmp_path, workers, max_failures=1)
-    sup.policy.base_backoff_s = 0.0
+    sup.handling.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
     rec = next(e for e in events(sup) if e.message.startswith("recovered")).data
     assert rec["ranks"] == [1] and rec["nodes"] == ["node-b"]
@@ -272,7 +275,7 @@ def test_steps_whose_poll_was_lost_are_taken_from_the_metrics_file(tmp_path: Pat
     done = [status(0, WorkerPhase.DONE, 4), status(1, WorkerPhase.DONE, 4)]
     spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}})
     workers = LoggingWorkers([[first, later, done]], tmp_path / "job1" / "metrics.jsonl")
-    sup = JobSupervisor("job1", spec.model_dump_json(), str(tmp_path), workers)
+    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
     assert sup.run() == JobState.SUCCEEDED
     steps = [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
     assert steps == [1, 2, 3, 4]

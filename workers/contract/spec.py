@@ -7,6 +7,8 @@ each failure names the field and says what to change.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -390,6 +392,13 @@ class JobSpec(_Strict):
                 f"runs on {world_size} processes; make the product {world_size} or run "
                 f"{par.world_size} processes"
             )
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """sha256 of the spec's canonical JSON (sorted keys, no spaces): the same spec gives
+    the same hash in the API's idempotency check and in every checkpoint's manifest."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from workers.contract.events import Event
 from workers.contract.progress import CheckpointCommit
 
 
@@ -31,14 +32,6 @@ FINISHED = frozenset({WorkerPhase.DONE, WorkerPhase.STOPPED, WorkerPhase.FAILED}
 # what the job does (checkpoint and snapshot timings appear only on the steps that save),
 # and it is stored as JSON as it is.
 StepMetrics = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class WorkerEvent:
-    """Something rank 0's trainer said (a restore, a commit), with its figures."""
-
-    message: str
-    data: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -64,7 +57,7 @@ class WorkerStatus:
     lost: bool = False  # the rank itself died or hung (not a peer's error it saw)
     # Rank 0 only, each since the previous poll:
     metrics: list[StepMetrics] = field(default_factory=list)
-    events: list[WorkerEvent] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)  # what rank 0's trainer said
     checkpoints: list[CheckpointCommit] = field(default_factory=list)  # committed ones
     summary: dict[str, Any] | None = None
     nonfinite: NonFiniteStep | None = None  # the error says so too

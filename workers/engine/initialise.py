@@ -12,9 +12,7 @@ loader for `model.init_from` returns its own `ParameterSource` there.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,40 +21,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from workers.contract.spec import JobSpec
 from workers.engine.model import ModelArgs, Transformer
 from workers.engine.optimizer import model_name
+from workers.engine.random_init import ParameterSource, random_parameters
 
 log = logging.getLogger(__name__)
-
-# (model name, full shape, device) -> the parameter's full fp32 value on that device.
-ParameterSource = Callable[[str, torch.Size, torch.device], torch.Tensor]
-
-
-def parameter_seed(seed: int, name: str) -> int:
-    """A 63-bit generator seed for one parameter of a job seeded `seed`."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def init_std(name: str, n_layers: int) -> float | None:
-    """GPT-2 style: N(0, 0.02), residual outputs scaled down by depth; None for norm
-    gains, which start at one."""
-    if name.endswith(("wo.weight", "w2.weight")):
-        return 0.02 / (2 * n_layers) ** 0.5
-    if name.endswith("norm.weight"):
-        return None
-    return 0.02
-
-
-def random_parameters(*, seed: int, n_layers: int) -> ParameterSource:
-    """Random initial weights, the same for a name whatever the layout."""
-
-    def draw(name: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
-        std = init_std(name, n_layers)
-        if std is None:
-            return torch.ones(shape, device=device)
-        generator = torch.Generator(device=device).manual_seed(parameter_seed(seed, name))
-        return torch.empty(shape, device=device).normal_(std=std, generator=generator)
-
-    return draw
 
 
 def parameter_source(spec: JobSpec, args: ModelArgs) -> ParameterSource:

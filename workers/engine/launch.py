@@ -20,6 +20,7 @@ from typing import Any
 
 from workers.contract.spec import JobSpec
 from workers.storage.checkpoints import RestoreSource
+from workers.storage.layout import CheckpointLocations
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,10 @@ class LocalCheckpoints:
     stop_after_step: int | None = None  # stop (and checkpoint) after this step
     snapshot_folder: str | None = None  # in-memory snapshots, with memory_every_steps
 
-
-def checkpoint_plan(spec: JobSpec, local: LocalCheckpoints) -> Any:
-    """The engine's CheckpointPlan for a local run (imports torch: call in a rank)."""
-    from workers.engine.checkpoint.tier import CheckpointPlan
-
-    restore = [RestoreSource(local.folder)] if local.folder and local.resume else []
-    return CheckpointPlan.for_spec(spec.checkpoint, local.folder, restore, local.snapshot_folder)
+    def locations(self) -> CheckpointLocations:
+        """Where the run saves and may start from: `folder` is its checkpoints folder."""
+        restore = (RestoreSource(self.folder),) if self.folder and self.resume else ()
+        return CheckpointLocations(self.folder, restore, self.snapshot_folder)
 
 
 def run_rank(
@@ -85,8 +83,8 @@ def run_rank(
             world_size=world_size,
             device=device,
             on_metrics=sink,
-            checkpoints=checkpoint_plan(spec, local),
-            on_event=(lambda message, data: report("event", message)) if rank == 0 else None,
+            checkpoints=local.locations(),
+            on_event=(lambda event: report("event", event.message)) if rank == 0 else None,
         )
         stop_at = local.stop_after_step
         summary = trainer.train(

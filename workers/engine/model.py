@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.engine.random_init import random_parameters
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -141,10 +143,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """The weights the engine gives a job seeded `seed`, in one piece (see
-        workers/engine/initialise.py: each parameter from its own seeded generator)."""
-        # Imported here: initialise builds on this module.
-        from workers.engine.initialise import random_parameters
-
+        workers/engine/random_init.py: each parameter from its own seeded generator)."""
         draw = random_parameters(seed=seed, n_layers=self.args.n_layers)
         for name, p in self.named_parameters():
             p.copy_(draw(name, p.shape, p.device))

@@ -7,7 +7,6 @@ attribute so checkpointing can save and restore all of it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import resource
@@ -22,16 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.contract.spec import JobSpec, Precision
+from workers.contract.spec import JobSpec, Precision, spec_hash
 from workers.engine.accounting import memory_held, peak_flops
-from workers.engine.checkpoint.snapshots import SnapshotTier
-from workers.engine.checkpoint.state import (
-    apply_small_state,
-    apply_tensor_state,
-    small_state,
-    tensor_state,
-)
-from workers.engine.checkpoint.tier import Checkpointer, CheckpointPlan, CommitSink, EventSink
+from workers.engine.checkpoint.manager import CheckpointManager
+from workers.engine.checkpoint.state import ModelAndOptimizer, RngState
+from workers.engine.checkpoint.tier import CommitSink, EventSink
 from workers.engine.data import build_loader
 from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
@@ -46,7 +40,7 @@ from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from workers.storage.layout import CheckpointLocations
 from workers.storage.skipped_batches import SkippedBatches
 
 log = logging.getLogger(__name__)
@@ -68,7 +62,7 @@ class Trainer:
         on_metrics: MetricsSink | None = None,
         on_step: Callable[[int], None] | None = None,
         grad_hook: GradHook | None = None,
-        checkpoints: CheckpointPlan | None = None,
+        checkpoints: CheckpointLocations | None = None,
         on_event: EventSink | None = None,
         on_checkpoint: CommitSink | None = None,
     ) -> None:
@@ -116,33 +110,27 @@ class Trainer:
             spec, dp_rank=self.dp_mesh.get_local_rank(), dp_size=self.dims.dp
         )
         self.val_batches = self.loader.val_batches() if self.loader.has_validation else []
-        self.step = 0
         self.peak_flops = peak_flops(device)
         self.layout = f"{self.dims.describe()},{spec.precision.value}"
-        self.on_event = on_event or (lambda message, data: log.info("%s", message))
-        self.plan = checkpoints or CheckpointPlan()
-        if self.plan.save_url:  # batches this job skipped after a non-finite loss
-            self.loader.skipped_batches = tuple(SkippedBatches(self.plan.save_url).batches())
-        self.checkpointer: Checkpointer | None = None
-        self.restored: CommittedCheckpoint | None = None
-        self.snapshots: SnapshotTier | None = None
-        if self.plan.save_url or self.plan.restore_from or self.plan.snapshot_url:
-            self.checkpointer = Checkpointer(
-                CheckpointStore(self.plan.save_url) if self.plan.save_url else None,
-                keep_last=self.plan.keep_last,
-                async_save=self.plan.async_save,
-                info={
-                    "layout": self.layout,
-                    "spec": spec.model_dump(mode="json"),
-                    "spec_hash": hashlib.sha256(spec.model_dump_json().encode()).hexdigest(),
-                    "versions": {"torch": torch.__version__},
-                },
-                on_event=self.on_event,
-                on_commit=on_checkpoint,
-            )
-            if self.plan.snapshot_url:
-                self.snapshots = SnapshotTier(self.plan, self.checkpointer.info)
-            self.restored = self._restore()
+        on_event = on_event or (lambda event: log.info("%s", event.message))
+        where = checkpoints or CheckpointLocations()
+        if where.save_url:  # batches this job skipped after a non-finite loss
+            self.loader.skipped_batches = tuple(SkippedBatches(where.save_url).batches())
+        self.checkpoints = CheckpointManager(
+            spec.checkpoint,
+            where,
+            tensors=ModelAndOptimizer(self.parts, self.optimizers),
+            small={"scaler": self.scaler, "rng": RngState()},
+            info={
+                "layout": self.layout,
+                "spec": spec.model_dump(mode="json"),
+                "spec_hash": spec_hash(spec),
+                "versions": {"torch": torch.__version__},
+            },
+            on_event=on_event,
+            on_commit=on_checkpoint,
+        )
+        self.step = self.checkpoints.load() or 0  # the step restored after, or a fresh start
 
     @property
     def model(self) -> nn.Module:
@@ -315,32 +303,9 @@ class Trainer:
         every = self.spec.train.eval_every
         return bool(self.val_batches) and every > 0 and (step % every == 0 or step == 1)
 
-    def _should_save(self, step: int) -> bool:
-        every = self.plan.every_steps
-        return bool(self.plan.save_url) and (
-            (every > 0 and step % every == 0) or step == self.spec.train.steps
-        )
-
     def save_checkpoint(self) -> float:
-        """Checkpoint the state after `self.step`; returns the seconds training was held."""
-        assert self.checkpointer is not None
-        return self.checkpointer.save(
-            self.step,
-            tensor_state(self.parts, self.optimizers),
-            small_state(self.step, self.scaler),
-        )
-
-    def _restore(self) -> CommittedCheckpoint | None:
-        assert self.checkpointer is not None
-        found = self.checkpointer.restore(
-            self.plan, lambda: tensor_state(self.parts, self.optimizers)
-        )
-        if found is None:
-            return None
-        ckpt, state = found
-        apply_tensor_state(self.parts, self.optimizers, state)
-        self.step = apply_small_state(ckpt.manifest["trainer"], self.scaler)
-        return ckpt
+        """Checkpoint the state after `self.step` now; returns the seconds training was held."""
+        return self.checkpoints.save(self.step, force=True)["checkpoint_blocking_s"]
 
     def train(
         self,
@@ -353,7 +318,6 @@ class Trainer:
         total = self.spec.train.steps
         step_times: list[float] = []
         last: dict[str, Any] = {}
-        saved_step = self.step if self.restored else None
         log.info(
             "training %s for %d steps (%s) from step %d",
             self.spec.name,
@@ -363,34 +327,18 @@ class Trainer:
         )
         while self.step < total and not (should_stop and should_stop()):
             metrics = self.train_step()
-            if self.snapshots is not None:
-                # A snapshot overlaps one step at most: once this step is done, so is the
-                # previous snapshot, and a death loses at most memory_every_steps steps.
-                self.snapshots.wait()
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
-            if self._should_save(self.step):
-                metrics["checkpoint_blocking_s"] = self.save_checkpoint()
-                saved_step = self.step
-            elif self.snapshots is not None and self.snapshots.due(self.step):
-                metrics["snapshot_blocking_s"] = self.snapshots.save(
-                    self.step,
-                    tensor_state(self.parts, self.optimizers),
-                    small_state(self.step, self.scaler),
-                )
+            metrics.update(self.checkpoints.save(self.step, last_step=self.step == total))
             last = metrics
             if self._should_log(self.step) and self.on_metrics is not None:
                 self.on_metrics(metrics)
             if self.on_step is not None:
                 self.on_step(self.step)
-        wants_save = save_on_stop is not None and save_on_stop()
-        if wants_save and self.plan.save_url and saved_step != self.step and self.step > 0:
-            self.save_checkpoint()
-        if self.checkpointer is not None:
-            self.checkpointer.wait()
-        if self.snapshots is not None:
-            self.snapshots.wait()
+        if save_on_stop is not None and save_on_stop():
+            self.checkpoints.save(self.step, last_step=True)
+        self.checkpoints.wait()
         return self._summary(last, step_times)
 
     def _peak_memory(self) -> int:

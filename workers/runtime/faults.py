@@ -4,7 +4,7 @@ Each kind imitates a real failure at the place it happens: `kill` ends the rank'
 the way the OOM killer would; `hang` stops its training thread between two steps (a
 wedged collective, a stuck filesystem); `raise` makes its next step raise; `nan` poisons
 its weights so that the next step's loss is not finite (what a diverging run does).
-No torch at import: the API names the kinds too.
+No torch at import; the kinds themselves are in workers/contract/faults.py.
 """
 
 from __future__ import annotations
@@ -14,20 +14,14 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any
+
+from workers.contract.faults import FaultKind
 
 log = logging.getLogger(__name__)
 
 # A killed rank answers the request first, then dies: the caller learns it was delivered.
 KILL_DELAY_S = 0.2
-
-
-class FaultKind(StrEnum):
-    KILL = "kill"
-    HANG = "hang"
-    RAISE = "raise"
-    NAN = "nan"
 
 
 class InjectedFault(RuntimeError):

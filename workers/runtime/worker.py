@@ -11,21 +11,21 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.contract.events import Event
+from workers.contract.faults import FaultKind
 from workers.contract.progress import CheckpointCommit
 from workers.contract.spec import JobSpec
 from workers.contract.status import (
     NonFiniteStep,
     StepMetrics,
-    WorkerEvent,
     WorkerPhase,
     WorkerStatus,
 )
-from workers.runtime.faults import ArmedFaults, FaultKind
-from workers.storage.checkpoints import RestoreSource
+from workers.runtime.faults import ArmedFaults
+from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
 
@@ -54,34 +54,23 @@ def is_deterministic(err: BaseException, *, while_building: bool) -> bool:
     return while_building and isinstance(err, JOB_ERRORS)
 
 
-@dataclass(frozen=True)
-class CheckpointTargets:
-    """Where a job's workers save (its own folder) and may start from, in order."""
-
-    save_dir: str
-    restore_from: list[RestoreSource] = field(default_factory=list)
-    snapshot_dir: str | None = None  # in-memory snapshots (workers/storage/snapshots.py); None: off
-
-
 class TrainingWorker:
     def __init__(
         self,
-        job_id: str,
+        layout: JobLayout,
         rank: int,
         world_size: int,
         spec_json: str,
-        log_file: str,
+        checkpoints: CheckpointLocations | None = None,
         cpus: float = 1.0,
-        checkpoints: CheckpointTargets | None = None,
-        metrics_file: str | None = None,
     ) -> None:
-        self.job_id, self.rank, self.world_size = job_id, rank, world_size
+        self.job_id, self.rank, self.world_size = layout.job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
         self.checkpoints = checkpoints
         # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
         # replays what never reached the database.
-        self._metrics_file = Path(metrics_file) if metrics_file else None
-        self._log_handler = _log_to_file(Path(log_file))
+        self._metrics_file = layout.metrics_file if rank == 0 else None
+        self._log_handler = _log_to_file(layout.log_file(rank))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._save_on_stop = False
@@ -92,7 +81,7 @@ class TrainingWorker:
         self._error: str | None = None
         self._deterministic = False
         self._unsent: list[StepMetrics] = []
-        self._events: list[WorkerEvent] = []
+        self._events: list[Event] = []
         self._commits: list[CheckpointCommit] = []
         self._summary: dict[str, Any] | None = None
         self._nonfinite: NonFiniteStep | None = None
@@ -148,7 +137,7 @@ class TrainingWorker:
                 on_metrics=self._on_metrics,
                 on_step=self._on_step,
                 grad_hook=self._faults.during_step,
-                checkpoints=self._plan(),
+                checkpoints=self.checkpoints,
                 on_event=self._on_event,
                 on_checkpoint=self._on_checkpoint,
             )
@@ -177,26 +166,14 @@ class TrainingWorker:
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
 
-    def _plan(self) -> Any:
-        from workers.engine.checkpoint.tier import CheckpointPlan
-
-        if self.checkpoints is None:
-            return None
-        return CheckpointPlan.for_spec(
-            self.spec.checkpoint,
-            self.checkpoints.save_dir,
-            self.checkpoints.restore_from,
-            self.checkpoints.snapshot_dir,
-        )
-
     def _should_stop(self) -> bool:
         return self._stop.is_set()
 
-    def _on_event(self, message: str, data: dict[str, Any]) -> None:
-        log.info("%s", message)
+    def _on_event(self, event: Event) -> None:
+        log.info("%s", event.message)
         if self.rank == 0:
             with self._lock:
-                self._events.append(WorkerEvent(message, data))
+                self._events.append(event)
 
     def _on_checkpoint(self, commit: dict[str, Any]) -> None:
         with self._lock:

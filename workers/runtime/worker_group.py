@@ -1,7 +1,8 @@
 """The ranks of one job: a placement group with one bundle per rank, one actor per bundle.
 
 Ranks are ordered by node so that neighbouring ranks (a tensor-parallel group, tp being the
-fastest-varying mesh dim) share a node.
+fastest-varying mesh dim) share a node. The worker actor class is handed in (see
+workers/runtime/actors.py), so this module imports no actor and no supervisor.
 """
 
 from __future__ import annotations
@@ -23,57 +24,47 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from workers.contract.demand import bundle_resources
 from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.worker import CheckpointTargets
-from workers.storage.layout import JobStorage
-from workers.storage.snapshots import remove_snapshots, snapshot_dir
+from workers.contract.status import WorkerStatus
+from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
+from workers.runtime.spares import WarmSpares, kill_actors
+from workers.storage.layout import CheckpointLocations, JobLayout
+from workers.storage.snapshots import remove_snapshot_dir
 
 log = logging.getLogger(__name__)
 
 # Ray labels every node with its id; a placement group can be kept off some nodes by it.
 NODE_ID_LABEL = "ray.io/node-id"
 CLEANUP_TIMEOUT_S = 30.0
-# A warm spare that does not answer this fast is not worth waiting for: start a fresh one.
-SPARE_CHECK_S = 5.0
 # How long a restart waits for Ray to confirm the old ranks are dead.
 KILL_CONFIRM_S = 10.0
 
 
-def bundle_resources(spec: JobSpec) -> dict[str, float]:
-    """What one rank reserves."""
-    res = {"CPU": spec.resources.cpus_per_worker}
-    if spec.resources.gpus_per_worker > 0:
-        res["GPU"] = spec.resources.gpus_per_worker
-    return res
-
-
-def placement_group_name(job_id: str) -> str:
-    return f"shardline-job-{job_id}"
-
-
 class WorkerGroup:
     def __init__(
-        self, job_id: str, spec: JobSpec, storage: JobStorage, checkpoints: CheckpointTargets
+        self,
+        spec: JobSpec,
+        layout: JobLayout,
+        locations: CheckpointLocations,
+        *,
+        worker_actor: Any,
     ) -> None:
-        self.job_id = job_id
+        self.job_id = layout.job_id
         self.spec = spec
-        self.storage = storage
-        self.checkpoints = checkpoints
+        self.layout = layout
+        self.locations = locations
+        self.worker_actor = worker_actor  # the Ray actor class of one rank
         self.world_size = spec.parallel.world_size
         self.pg: PlacementGroup | None = None
         self.actors: list[Any] = []
         self.attempt = 0  # in worker names, so a restart never waits for old names to free
+        self.bundle_of_rank: list[int] = []
         self.node_of_rank: list[str] = []
         self.excluded_nodes: set[str] = set()  # bad nodes: kept out of the next placement
         self._snapshot_nodes: set[str] = set()  # nodes that may hold this job's snapshots
-        # Warm spares: the next attempt's actors, started (torch imported) while this one
-        # trains, in the same bundles but reserving nothing; a restart takes them instead
-        # of starting processes. Only where ranks need no GPU (a spare has none).
-        self._spares: list[Any] = []
-        self._spares_for: tuple[Any, ...] | None = None  # what they were made for
+        self.spares = WarmSpares()
         self.warm_start = False  # whether the last start() ran on warm spares
-        self._started_at_steps: list[int] | None = None  # each rank's first step polled
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -129,35 +120,37 @@ class WorkerGroup:
         )
 
     def drop_placement(self) -> None:
-        self._kill_spares(self._spares)
-        self._spares, self._spares_for = [], None
+        if self.spares.drop():
+            self.attempt += 1  # their names (the next attempt's) may not be free yet
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
 
-    def _targets(self) -> CheckpointTargets:
+    def _locations(self) -> CheckpointLocations:
         """Snapshots need one folder for the whole world: on when every rank shares a host
         (ranks on other hosts could not commit into it)."""
-        if self.spec.checkpoint.memory_every_steps == 0:
-            return self.checkpoints
+        if self.locations.snapshot_url is None:
+            return self.locations
         hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] in self.node_of_rank}
         if len(hosts) != 1:
             log.warning(
                 "job %s: ranks on %d hosts, in-memory snapshots off", self.job_id, len(hosts)
             )
-            return replace(self.checkpoints, snapshot_dir=None)
+            return replace(self.locations, snapshot_url=None)
         self._snapshot_nodes |= set(self.node_of_rank)
-        return replace(self.checkpoints, snapshot_dir=str(snapshot_dir(self.job_id)))
+        return self.locations
 
     def start(self, join_timeout_s: float) -> None:
         """One actor per rank; all join the world and start training."""
         assert self.pg is not None, "reserve() first"
-        targets = self._targets()
+        locations = self._locations()
         self.attempt += 1
-        spares = self._take_spares(targets)
-        self.actors = spares or self._make_actors(self.attempt, targets, spare=False)
+        spares, thrown = self.spares.take(self._spare_key(locations), self.job_id)
+        if thrown:
+            self.attempt += 1
+        self.actors = spares or self._make_actors(self.attempt, locations, spare=False)
         self.warm_start = bool(spares)  # said in the supervisor's event
-        self._started_at_steps = None
+        self.spares.attempt_started()
         addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
         ray.get(
             [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
@@ -171,15 +164,15 @@ class WorkerGroup:
             port,
         )
 
-    def _make_actors(self, attempt: int, targets: CheckpointTargets, *, spare: bool) -> list[Any]:
+    def _make_actors(
+        self, attempt: int, locations: CheckpointLocations, *, spare: bool
+    ) -> list[Any]:
         """One actor per rank in its bundle; a spare reserves none of the bundle."""
-        from workers.runtime.actors import NAMESPACE, WorkerActor, worker_name
-
         assert self.pg is not None, "reserve() first"
         res = bundle_resources(self.spec)
         spec_json = self.spec.model_dump_json()
         return [
-            WorkerActor.options(
+            self.worker_actor.options(
                 name=worker_name(self.job_id, attempt, rank),
                 namespace=NAMESPACE,
                 num_cpus=0 if spare else res["CPU"],
@@ -187,51 +180,22 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(
-                self.job_id,
-                rank,
-                self.world_size,
-                spec_json,
-                str(self.storage.log_file(rank)),
-                res["CPU"],
-                targets,
-                str(self.storage.metrics_file) if rank == 0 else None,
-            )
+            ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"])
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
 
-    def _spare_key(self, targets: CheckpointTargets) -> tuple[Any, ...]:
-        return (self.pg, tuple(self.bundle_of_rank), self.spec.model_dump_json(), targets)
+    def _spare_key(self, locations: CheckpointLocations) -> tuple[Any, ...]:
+        return (self.pg, tuple(self.bundle_of_rank), self.spec.model_dump_json(), locations)
 
     def make_spares(self) -> None:
         """Start the next attempt's actors now, so a restart finds them warm."""
-        if self._spares or self.pg is None or self.spec.resources.gpus_per_worker > 0:
+        if self.pg is None or self.spec.resources.gpus_per_worker > 0:
             return
-        targets = self._targets()
-        self._spares = self._make_actors(self.attempt + 1, targets, spare=True)
-        self._spares_for = self._spare_key(targets)
-
-    def _take_spares(self, targets: CheckpointTargets) -> list[Any]:
-        """The warm spares, if they fit this attempt and all answer; else none (killed)."""
-        spares, made_for = self._spares, self._spares_for
-        self._spares, self._spares_for = [], None
-        if not spares:
-            return []
-        if made_for == self._spare_key(targets):
-            try:
-                ray.get([a.poll.remote() for a in spares], timeout=SPARE_CHECK_S)
-                return spares
-            except Exception as err:  # a spare died with its node, or is too slow
-                log.info("job %s: warm spares unusable (%s)", self.job_id, err)
-        self._kill_spares(spares)
-        return []
-
-    def _kill_spares(self, spares: list[Any]) -> None:
-        for a in spares:
-            ray.kill(a, no_restart=True)
-        if spares:
-            # Their names (the next attempt's) may not be free yet: skip that attempt.
-            self.attempt += 1
+        locations = self._locations()
+        self.spares.make(
+            lambda: self._make_actors(self.attempt + 1, locations, spare=True),
+            self._spare_key(locations),
+        )
 
     def poll(self, timeout_s: float) -> list[WorkerStatus]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
@@ -253,7 +217,8 @@ class WorkerGroup:
                 statuses.append(
                     WorkerStatus.lost_rank(rank, f"its actor died: {type(err).__name__}")
                 )
-        self._spares_when_stepping(statuses)
+        if self.spares.due(statuses):
+            self.make_spares()
         return statuses
 
     def inject_fault(self, rank: int, kind: str) -> None:
@@ -261,17 +226,6 @@ class WorkerGroup:
         if not 0 <= rank < len(self.actors):
             raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
         ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
-
-    def _spares_when_stepping(self, statuses: list[WorkerStatus]) -> None:
-        """Make the spares once every rank has finished a step of this attempt: starting
-        processes sooner would slow the world's own start."""
-        if not all(st.phase == WorkerPhase.TRAINING for st in statuses):
-            return
-        steps = [st.step for st in statuses]
-        if self._started_at_steps is None:
-            self._started_at_steps = steps
-        elif all(now > then for now, then in zip(steps, self._started_at_steps, strict=True)):
-            self.make_spares()
 
     def request_stop(self, save: bool = False) -> None:
         for a in self.actors:
@@ -281,8 +235,7 @@ class WorkerGroup:
         """Kill every rank and wait (bounded) until Ray reports each one dead: a rank that
         was only stopped or wedged must not wake beside the next attempt's workers and go
         on logging metrics and writing checkpoints."""
-        for a in self.actors:
-            ray.kill(a, no_restart=True)
+        kill_actors(self.actors)
         deadline = time.monotonic() + KILL_CONFIRM_S
         alive = list(self.actors)
         while alive and time.monotonic() < deadline:
@@ -302,11 +255,11 @@ class WorkerGroup:
     def remove_snapshots(self) -> None:
         """Delete the job's in-memory snapshots on every node that may hold them."""
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        remove = ray.remote(num_cpus=0)(remove_snapshots)
+        remove = ray.remote(num_cpus=0)(_remove_snapshots_here)
         refs = [
             remove.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            ).remote(self.job_id)
+            ).remote(self.layout)
             for node in self._snapshot_nodes & alive
         ]
         try:
@@ -314,6 +267,11 @@ class WorkerGroup:
         except Exception as err:  # never let cleanup keep a job from ending
             log.warning("job %s: removing snapshots failed: %s", self.job_id, err)
         self._snapshot_nodes.clear()
+
+
+def _remove_snapshots_here(layout: JobLayout) -> bool:
+    """On one node: remove the job's snapshots there (its snapshot folder is that node's)."""
+    return remove_snapshot_dir(layout.snapshot_dir)
 
 
 def _answers(actor: Any, timeout_s: float) -> bool:

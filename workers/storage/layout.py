@@ -1,20 +1,46 @@
 """Every path of a job, in one place: `storage_root/<job id>/` holds the resolved spec,
-`logs/rank-<r>.log` and `checkpoints/step-<n>/`.
+`logs/rank-<r>.log`, rank 0's `metrics.jsonl`, `checkpoints/step-<n>/` (with the record of
+skipped batches) and `exports/`; its in-memory snapshots live in host memory under
+`<snapshot root>/<job id>/`.
 
-The supervisor, the workers and the API all go through this class; nobody builds a job's
-paths by hand. In a multi-node deployment storage_root is a shared filesystem mounted at
-the same path on every node.
+A JobLayout is built once (the control plane from its settings, `shardline train` from its
+options) and passed whole to the supervisor, the worker group and the workers, as Ray
+Train passes its StorageContext; the API reads logs and lists checkpoints through it.
+Nobody else builds a job's paths. In a multi-node deployment storage_root is a shared
+filesystem mounted at the same path on every node. No torch, no Ray.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from workers.storage.checkpoints import CheckpointStore, RestoreSource
+from workers.storage.skipped_batches import SkippedBatches
+from workers.storage.snapshots import default_snapshot_root
 
-class JobStorage:
-    def __init__(self, storage_root: str | Path, job_id: str) -> None:
-        self.job_id = job_id
-        self.dir = Path(storage_root) / job_id
+
+@dataclass(frozen=True)
+class CheckpointLocations:
+    """Where a run's checkpoints go and may come from (the when is `CheckpointSpec`'s)."""
+
+    save_url: str | None = None  # the run's own checkpoints folder; None: never saves
+    # Tried in order; the first that has a committed checkpoint wins (the job's own folder
+    # first, so a restarted or resumed job continues from its own newest one).
+    restore_from: tuple[RestoreSource, ...] = ()
+    snapshot_url: str | None = None  # the in-memory tier's folder; None: off
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    storage_root: str
+    job_id: str
+    # Host memory for in-memory snapshots; None: the default of the node that uses it.
+    snapshot_root: str | None = None
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.storage_root) / self.job_id
 
     @property
     def spec_file(self) -> Path:
@@ -40,3 +66,41 @@ class JobStorage:
     @property
     def checkpoints_dir(self) -> Path:
         return self.dir / "checkpoints"
+
+    def checkpoints(self) -> CheckpointStore:
+        """The job's committed checkpoints (listing, finding, verifying)."""
+        return CheckpointStore(str(self.checkpoints_dir))
+
+    def skipped_batches(self) -> SkippedBatches:
+        """Batches skipped after a non-finite loss: kept beside the checkpoints, since
+        every checkpoint of the job resumes with them."""
+        return SkippedBatches(str(self.checkpoints_dir))
+
+    @property
+    def exports_dir(self) -> Path:
+        """Where exports of this job's checkpoints are written before they are sent."""
+        return self.dir / "exports"
+
+    @property
+    def snapshot_dir(self) -> Path:
+        """This job's in-memory snapshots on the node that asks."""
+        root = Path(self.snapshot_root) if self.snapshot_root else default_snapshot_root()
+        return root / self.job_id
+
+    def of_job(self, job_id: str) -> JobLayout:
+        """Another job's layout under the same roots (a `resume_from` source)."""
+        return JobLayout(self.storage_root, job_id, self.snapshot_root)
+
+    def checkpoint_locations(
+        self, *, resume_from: RestoreSource | None = None, snapshots: bool = False
+    ) -> CheckpointLocations:
+        """The job saves into its own folder and starts from it; a job with `resume_from`
+        starts from that job's checkpoint until it has one of its own."""
+        restore = [RestoreSource(str(self.checkpoints_dir))]
+        if resume_from is not None:
+            restore.append(resume_from)
+        return CheckpointLocations(
+            save_url=str(self.checkpoints_dir),
+            restore_from=tuple(restore),
+            snapshot_url=str(self.snapshot_dir) if snapshots else None,
+        )

@@ -1,58 +1,70 @@
-"""What a checkpoint holds of a rank's training: tensors for DCP, small state as JSON."""
+"""The stateful parts of a rank's training that a checkpoint holds.
+
+Tensors go to DCP, keyed by the model's own names in every layout (`model.<name>`,
+`optim.<name>.<key>`), so any layout restores any other's checkpoint; small parts (the
+loss scaler, the RNG) go into the manifest as JSON, so a restore never unpickles.
+"""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from workers.engine.optimizer import Optimizers
 from workers.engine.parts import ModelParts
-from workers.engine.precision import DynamicLossScaler
 
 
-def tensor_state(parts: ModelParts, optimizers: Optimizers) -> dict[str, torch.Tensor]:
-    """Model and optimizer tensors keyed by the model's own names, in every layout.
+class TensorState(Protocol):
+    """A part saved as tensors; DCP loads into `state_dict()`'s own tensors in place."""
 
-    DCP loads into these tensors in place: they are the parameters' and the optimizer's
-    own (DTensor shards where sharded).
-    """
-    state: dict[str, torch.Tensor] = {}
-    for module in parts.modules:
-        for name, value in get_model_state_dict(module).items():
-            assert isinstance(value, torch.Tensor), name  # the model holds only tensors
-            state[f"model.{name}"] = value
-    for name, value in optimizers.state_dict().items():
-        state[f"optim.{name}"] = value
-    return state
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
-def apply_tensor_state(
-    parts: ModelParts, optimizers: Optimizers, state: dict[str, torch.Tensor]
-) -> None:
-    """Make the modules and optimizers hold what was loaded into `state`."""
-    for module in parts.modules:
-        own: dict[str, Any] = {
-            name: state[f"model.{name}"] for name in get_model_state_dict(module)
-        }
-        set_model_state_dict(module, own)
-    optimizers.after_params_loaded()
+class JsonState(Protocol):
+    """A small part saved as JSON in the manifest (the loss scaler has this shape)."""
+
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> None: ...
 
 
-def small_state(step: int, scaler: DynamicLossScaler) -> dict[str, Any]:
-    """The trainer's JSON-able state: step, loss scaler, RNG (goes into the manifest)."""
-    return {
-        "step": step,
-        "scaler": scaler.state_dict(),
-        "rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-    }
+class ModelAndOptimizer:
+    """Model and optimizer tensors: the parameters' and the optimizer's own (DTensor
+    shards where sharded)."""
+
+    def __init__(self, parts: ModelParts, optimizers: Optimizers) -> None:
+        self.parts = parts
+        self.optimizers = optimizers
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for module in self.parts.modules:
+            for name, value in get_model_state_dict(module).items():
+                assert isinstance(value, torch.Tensor), name  # the model holds only tensors
+                state[f"model.{name}"] = value
+        for name, value in self.optimizers.state_dict().items():
+            state[f"optim.{name}"] = value
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Make the modules and optimizers hold what was loaded into `state`."""
+        for module in self.parts.modules:
+            own: dict[str, Any] = {
+                name: state[f"model.{name}"] for name in get_model_state_dict(module)
+            }
+            set_model_state_dict(module, own)
+        self.optimizers.after_params_loaded()
 
 
-def apply_small_state(state: dict[str, Any], scaler: DynamicLossScaler) -> int:
-    """Restore the scaler and RNG; returns the step the checkpoint was taken after."""
-    scaler.load_state_dict(state["scaler"])
-    rng = bytearray(base64.b64decode(state["rng"]))
-    torch.set_rng_state(torch.frombuffer(rng, dtype=torch.uint8).clone())
-    return int(state["step"])
+class RngState:
+    """torch's CPU generator, as base64 text."""
+
+    def state_dict(self) -> str:
+        return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
+
+    def load_state_dict(self, state: str) -> None:
+        rng = bytearray(base64.b64decode(state))
+        torch.set_rng_state(torch.frombuffer(rng, dtype=torch.uint8).clone())

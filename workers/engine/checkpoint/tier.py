@@ -1,4 +1,5 @@
-"""Saving and restoring a rank's training state with torch.distributed.checkpoint (DCP).
+"""One tier of checkpoints (storage, or host memory): saving and restoring a rank's
+training state with torch.distributed.checkpoint (DCP).
 
 Every rank writes only its own shards; nothing is gathered onto one rank. Keys are the
 model's own parameter names (`model.<name>`, `optim.<name>.<key>`), the same in every
@@ -17,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,49 +26,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from workers.contract.spec import CheckpointSpec
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint, RestoreSource
+from workers.contract.events import Event, EventKind
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from workers.storage.layout import CheckpointLocations
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[str, dict[str, Any]], None]
+EventSink = Callable[[Event], None]
 CommitSink = Callable[[dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """Where a run saves, and where it may start from (tried in order, newest first)."""
-
-    save_url: str | None = None
-    every_steps: int = 0
-    keep_last: int = 2
-    async_save: bool = False
-    # The run's own folder comes first, so a restarted or resumed job continues from its
-    # own latest checkpoint; the first source that has one wins.
-    restore_from: list[RestoreSource] = field(default_factory=list)
-    # The in-memory tier (a folder in host memory, e.g. /dev/shm): saved every
-    # `snapshot_every_steps`, and a restore takes the newest step of either tier.
-    snapshot_url: str | None = None
-    snapshot_every_steps: int = 0
-
-    @classmethod
-    def for_spec(
-        cls,
-        spec: CheckpointSpec,
-        save_url: str | None,
-        restore_from: list[RestoreSource],
-        snapshot_url: str | None = None,
-    ) -> CheckpointPlan:
-        """The plan for a job's `checkpoint` section, saving into `save_url`."""
-        return cls(
-            save_url=save_url,
-            every_steps=spec.every_steps,
-            keep_last=spec.keep_last,
-            async_save=spec.async_save,
-            restore_from=restore_from,
-            snapshot_url=snapshot_url if spec.memory_every_steps > 0 else None,
-            snapshot_every_steps=spec.memory_every_steps,
-        )
 
 
 def _writer(store: CheckpointStore, path: str) -> Any:
@@ -87,7 +52,7 @@ def _reader(store: CheckpointStore, path: str) -> Any:
     return FsspecReader(store.writer_url(path))
 
 
-class Checkpointer:
+class CheckpointTier:
     """Saves into one CheckpointStore; restores from any."""
 
     def __init__(
@@ -181,7 +146,13 @@ class Checkpointer:
             self._write(*args)
         except Exception as err:  # a failed save must not kill training; the next retries
             log.exception("checkpoint save failed")
-            self.on_event(f"{self.kind} save of step {args[0]} failed: {err}", {"step": args[0]})
+            self.on_event(
+                Event(
+                    EventKind.SAVE_FAILED,
+                    f"{self.kind} save of step {args[0]} failed: {err}",
+                    {"step": args[0]},
+                )
+            )
 
     def _write(
         self,
@@ -234,60 +205,71 @@ class Checkpointer:
             "deleted": deleted,
         }
         self.on_event(
-            f"{self.kind} step {step} committed: {ckpt.bytes} bytes, "
-            f"{total:.2f}s to save, training held {blocking_s:.3f}s",
-            summary,
+            Event(
+                EventKind.CHECKPOINT_COMMITTED,
+                f"{self.kind} step {step} committed: {ckpt.bytes} bytes, "
+                f"{total:.2f}s to save, training held {blocking_s:.3f}s",
+                summary,
+            )
         )
         if self.on_commit is not None:
             self.on_commit(summary)
 
     # -- restoring ---------------------------------------------------------------------
 
-    def candidates(self, plan: CheckpointPlan) -> list[tuple[CheckpointStore, CommittedCheckpoint]]:
+    def candidates(
+        self, where: CheckpointLocations
+    ) -> list[tuple[CheckpointStore, CommittedCheckpoint]]:
         """Checkpoints to try, best first, agreed by every rank (rank 0 lists them)."""
         found: list[Any] = [None]
         if self.rank == 0:
             listed = []
-            for source in plan.restore_from:
+            for source in where.restore_from:
                 store = CheckpointStore(source.url)
                 for ckpt in store.committed():
                     if source.accepts(ckpt.step):
                         listed.append((source.url, ckpt))
                 if listed:  # the first source that has any wins (own folder, then resume_from)
                     break
-            if plan.snapshot_url is not None:
+            if where.snapshot_url is not None:
                 # The job's own snapshots compete with its checkpoints by step; on a tie the
                 # snapshot wins (host memory reads faster). The sort below is stable.
-                snapshots = CheckpointStore(plan.snapshot_url).committed()
-                listed = [(plan.snapshot_url, c) for c in snapshots] + listed
+                snapshots = CheckpointStore(where.snapshot_url).committed()
+                listed = [(where.snapshot_url, c) for c in snapshots] + listed
                 listed.sort(key=lambda found: found[1].step, reverse=True)
             found[0] = listed
         dist.broadcast_object_list(found, src=0, group=self.group)
         return [(CheckpointStore(url), ckpt) for url, ckpt in found[0]]
 
     def restore(
-        self, plan: CheckpointPlan, make_state: Callable[[], dict[str, torch.Tensor]]
+        self, where: CheckpointLocations, make_state: Callable[[], dict[str, torch.Tensor]]
     ) -> tuple[CommittedCheckpoint, dict[str, torch.Tensor]] | None:
         """Load the newest checkpoint that verifies into the tensors of `make_state()` (in
         place); returns it and the state, or None where there is none."""
-        candidates = self.candidates(plan)
+        candidates = self.candidates(where)
         state = make_state() if candidates else {}
         for store, ckpt in candidates:
             problem = self._verify(store, ckpt)
             if problem is not None:
                 self.on_event(
-                    f"checkpoint step {ckpt.step} skipped: {problem}",
-                    {"step": ckpt.step, "path": ckpt.path, "problem": problem},
+                    Event(
+                        EventKind.CHECKPOINT_SKIPPED,
+                        f"checkpoint step {ckpt.step} skipped: {problem}",
+                        {"step": ckpt.step, "path": ckpt.path, "problem": problem},
+                    )
                 )
                 continue
             start = time.perf_counter()
             dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
             self.restored_step = ckpt.step
-            tier = "memory" if store.url == plan.snapshot_url else "storage"
+            tier = "memory" if store.url == where.snapshot_url else "storage"
             self.on_event(
-                f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
-                f"from {tier} in {time.perf_counter() - start:.2f}s",
-                {"step": ckpt.step, "path": ckpt.path, "tier": tier},
+                Event(
+                    EventKind.RESTORED,
+                    f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
+                    f"from {tier} in {time.perf_counter() - start:.2f}s",
+                    {"step": ckpt.step, "path": ckpt.path, "tier": tier},
+                )
             )
             return ckpt, state
         return None

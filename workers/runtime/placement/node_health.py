@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from workers.contract.events import Event, EventKind
+
 STRIKES_TO_EXCLUDE = 2
 
 
@@ -27,7 +29,9 @@ class NodeHealth:
                 newly.append(node)
         return newly
 
-    def leave_out(self, workers: object, ranks: list[int], on_event: Callable[..., Any]) -> None:
+    def leave_out(
+        self, workers: object, ranks: list[int], on_event: Callable[[Event], Any]
+    ) -> None:
         """Count a failure on the nodes of `ranks` (those that hung or died); a node at
         its second is left out of the job's next placement, said through `on_event`."""
         if not ranks or not isinstance(workers, PlacedWorkers):
@@ -35,12 +39,21 @@ class NodeHealth:
         for node in self.record(workers.node_of(ranks)):
             if workers.exclude_nodes({node}):
                 on_event(
-                    f"node {node} left out of this job's next placement: its ranks hung or "
-                    f"died {self.failures[node]} times",
-                    node=node,
+                    Event(
+                        EventKind.NODE,
+                        f"node {node} left out of this job's next placement: its ranks hung "
+                        f"or died {self.failures[node]} times",
+                        {"node": node},
+                    )
                 )
             else:
-                on_event(f"node {node} is failing but is the only one left: kept", node=node)
+                on_event(
+                    Event(
+                        EventKind.NODE,
+                        f"node {node} is failing but is the only one left: kept",
+                        {"node": node},
+                    )
+                )
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from workers.contract.events import Event, EventKind
 from workers.contract.spec import JobSpec
 from workers.runtime.placement.elastic import smaller_layouts, with_dp
 
@@ -37,7 +38,7 @@ def reserve_placement(
     full_dp: int,
     *,
     cancelled: Callable[[], bool],
-    on_event: Callable[..., Any],
+    on_event: Callable[[Event], Any],
     elastic_wait_s: float = ELASTIC_WAIT_S,
     chunk_s: float = WAIT_CHUNK_S,
 ) -> tuple[list[str], JobSpec] | None:
@@ -56,19 +57,25 @@ def reserve_placement(
         if not smaller or not isinstance(workers, ResizableWorkers):
             if not told_waiting:
                 on_event(
-                    f"waiting for capacity: {current.parallel.world_size} ranks do not fit "
-                    "the cluster now",
-                    world_size=current.parallel.world_size,
+                    Event(
+                        EventKind.WAITING,
+                        f"waiting for capacity: {current.parallel.world_size} ranks do not fit "
+                        "the cluster now",
+                        {"world_size": current.parallel.world_size},
+                    )
                 )
                 told_waiting = True
             continue
         shrunk = with_dp(current, smaller[0])
         on_event(
-            f"elastic re-plan: dp={current.parallel.dp} does not fit the cluster now; going "
-            f"on at dp={shrunk.parallel.dp} (tp={shrunk.parallel.tp}, pp={shrunk.parallel.pp},"
-            f" {shrunk.accumulation_steps} micro-batches per step, same global batch)",
-            dp_from=current.parallel.dp,
-            dp_to=shrunk.parallel.dp,
+            Event(
+                EventKind.ELASTIC,
+                f"elastic re-plan: dp={current.parallel.dp} does not fit the cluster now; "
+                f"going on at dp={shrunk.parallel.dp} (tp={shrunk.parallel.tp}, "
+                f"pp={shrunk.parallel.pp}, {shrunk.accumulation_steps} micro-batches per "
+                "step, same global batch)",
+                {"dp_from": current.parallel.dp, "dp_to": shrunk.parallel.dp},
+            )
         )
         workers.resize(shrunk)
         current, since = shrunk, time.monotonic()

@@ -1,8 +1,21 @@
-"""Deciding whether a failed job is retried: decisions apart from mechanics."""
+"""The supervisor's decisions, apart from its mechanics and with no I/O: whether a failure
+is retried (the job's one failure budget), and whether a non-finite loss is rolled back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from workers.contract.lifecycle import JobState
+
+
+@dataclass(frozen=True)
+class Next:
+    """The state a supervisor's step leads to, and why (its transition's event says it)."""
+
+    state: JobState
+    reason: str = ""
+    failure: bool = False  # a real failure led here: it spent the failure budget
 
 
 @dataclass(frozen=True)
@@ -13,7 +26,9 @@ class Decision:
 
 
 class FailurePolicy:
-    """Retry up to `max_failures` times, waiting longer after each failure."""
+    """Retry up to `max_failures` real failures in the job's life, waiting longer after
+    each. The count is the job's, stored with it: every supervisor starts from it and the
+    reconciler (a lost supervisor) decides by the same policy."""
 
     def __init__(
         self, max_failures: int, base_backoff_s: float = 1.0, max_backoff_s: float = 60.0
@@ -39,4 +54,44 @@ class FailurePolicy:
             f"{error} (failure {failures_so_far} of at most "
             f"{self.max_failures}; restarting in {backoff:.0f}s)",
             backoff,
+        )
+
+
+@dataclass(frozen=True)
+class SkipDecision:
+    skip: bool
+    reason: str
+
+
+class NonFinitePolicy:
+    """Skip the offending batch up to `max_skips` times in the job's life. A loss that is
+    not finite again at a step whose batch was already skipped comes from the job itself
+    (its learning rate, its model), not from one batch: fail at once. Not a failure of the
+    infrastructure: it spends max_nonfinite_skips, never max_failures."""
+
+    def __init__(self, max_skips: int) -> None:
+        self.max_skips = max_skips
+
+    def decide(
+        self, step: int, loss: float, batch: int, past: list[dict[str, Any]]
+    ) -> SkipDecision:
+        """`past`: the job's skips so far ({"step", "batch"}), oldest first."""
+        what = f"the loss of step {step} is not finite ({loss})"
+        if any(entry["step"] == step for entry in past):
+            return SkipDecision(
+                False,
+                f"{what} again after rolling back and skipping its batch: an error of the "
+                "job itself, not of one batch (lower train.lr or set train.grad_clip); not "
+                "retried",
+            )
+        if len(past) >= self.max_skips:
+            return SkipDecision(
+                False,
+                f"{what}; {len(past)} batch(es) skipped already, the most "
+                f"fault_tolerance.max_nonfinite_skips={self.max_skips} allows",
+            )
+        return SkipDecision(
+            True,
+            f"{what}: rolling back to the newest snapshot and skipping batch {batch} "
+            f"(skip {len(past) + 1} of at most {self.max_skips})",
         )

@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.contract.status import WorkerStatus
-
-# Marks the event that closes a recovery; the reconciler adds its figures to the job.
-RECOVERY_EVENT = "recovery"
+from workers.contract.events import Event, EventKind
+from workers.contract.status import WorkerPhase, WorkerStatus
 
 
 @dataclass
@@ -28,10 +26,12 @@ class Recovery:
     skipped: dict[str, int] | None = None  # a non-finite loss: {"step", "batch"} skipped
     injected: str | None = None  # the fault an admin injected, if one did
     restored_step: int = 0  # the snapshot the new workers started from (0: none)
+    restored_tier: str | None = None  # where it came from: "memory" or "storage"
 
-    def closing_event(self, step_time_s: float | None) -> tuple[str, dict[str, Any]]:
-        """(message, data) once a rank trains past `restored_step`. Seconds lost are the
-        time to recover plus the time to train the lost steps again."""
+    def closing_event(self, step_time_s: float | None) -> Event:
+        """The event once a rank trains past `restored_step` (the reconciler adds its
+        figures to the job). Seconds lost are the time to recover plus the time to train
+        the lost steps again."""
         seconds = time.monotonic() - self.failed_at
         lost = max(self.front_step - self.restored_step, 0)
         seconds_lost = seconds + lost * (step_time_s or 0.0)
@@ -47,7 +47,6 @@ class Recovery:
             f"trained again{skipped}"
         )
         data: dict[str, Any] = {
-            "kind": RECOVERY_EVENT,
             "cause": self.cause,
             "ranks": self.ranks,
             "nodes": self.nodes,
@@ -55,26 +54,46 @@ class Recovery:
             "skipped": self.skipped,
             "injected": self.injected,
             "restored_step": self.restored_step,
+            "restored_tier": self.restored_tier,
             "front_step": self.front_step,
             "mttr_s": seconds,
             "steps_lost": lost,
             "seconds_lost": seconds_lost,
         }
-        return message, data
+        return Event(EventKind.RECOVERY, message, data)
 
 
-# How workers/runtime/worker_group.py describes a rank whose process is gone or does not answer.
-_LOST_RANK = ("its actor died", "did not answer a poll")
+class Recoveries:
+    """The recovery in progress, if any: opened at a failure, moved on by the restore and
+    closed by the first new step. Also remembers the fault an admin injected (and where
+    each rank ran) so the recovery can name them."""
 
+    def __init__(self) -> None:
+        self.current: Recovery | None = None
+        self.injected: str | None = None  # a fault injected since the last recovery
+        self.nodes: list[str] = []  # each rank's node, as placed
 
-def first_failed_ranks(failed: list[WorkerStatus]) -> list[int]:
-    """The ranks that failed first: those whose process died or stopped answering, when
-    there are such; their peers' collective errors ("connection reset") only follow."""
-    lost = [s.rank for s in failed if (s.error or "").startswith(_LOST_RANK)]
-    return lost or [s.rank for s in failed]
+    def open(
+        self, cause: str, ranks: list[int], front_step: int, stalled_s: float = 0.0
+    ) -> Recovery:
+        nodes = sorted({self.nodes[r] for r in ranks if r < len(self.nodes)})
+        self.current = Recovery(time.monotonic() - stalled_s, front_step, cause, ranks, nodes)
+        self.current.injected, self.injected = self.injected, None
+        return self.current
 
-
-def stalled_for(statuses: list[WorkerStatus], ranks: list[int]) -> float:
-    """How long ago the longest-stalled of `ranks` last made progress (0 if none did)."""
-    now = time.time()
-    return max((now - s.last_progress for s in statuses if s.rank in ranks), default=0.0)
+    def observe(
+        self, restored: Event | None, statuses: list[WorkerStatus], step_time_s: float | None
+    ) -> Event | None:
+        """After a poll: the closing event once a rank trains past the restored step."""
+        rec = self.current
+        if rec is None:
+            return None
+        if restored is not None:
+            rec.restored_step = int(restored.data["step"])
+            rec.restored_tier = restored.data.get("tier")
+        if not any(
+            s.phase == WorkerPhase.TRAINING and s.step > rec.restored_step for s in statuses
+        ):
+            return None
+        self.current = None
+        return rec.closing_event(step_time_s)

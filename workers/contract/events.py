@@ -1,0 +1,41 @@
+"""What a job's timeline says, as typed events: the engine, the workers and the supervisor
+emit them, the supervisor and the store read their kind and data, never their text.
+
+Each event's data also carries `"kind"` (its EventKind value) when it is stored, so a
+reader of the events API can tell them apart the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EventKind(StrEnum):
+    # The engine, on rank 0:
+    RESTORED = "restored"  # data: step, path, tier ("memory" or "storage")
+    CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a candidate failed to verify: step, problem
+    CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, save_s, blocking_s
+    SAVE_FAILED = "save_failed"  # an async save failed (training goes on): step
+    # The supervisor:
+    PLACEMENT = "placement"  # the placement group is ready: nodes
+    WAITING = "waiting"  # the job waits for capacity: world_size
+    WORKERS_STARTED = "workers_started"  # world_size, warm_spares
+    FAILURE = "failure"  # a real failure, counted against max_failures: retry, failures
+    NONFINITE = "nonfinite"  # a non-finite loss: step, batch, skipped
+    RECOVERY = "recovery"  # a recovery ended: mttr_s, steps_lost, seconds_lost, ...
+    ELASTIC = "elastic"  # a re-plan to another size: dp_from, dp_to
+    NODE = "node"  # a failing node left out of the next placement (or kept): node
+    FAULT_INJECTED = "fault_injected"  # fault, rank
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def stored_data(self) -> dict[str, Any]:
+        """The data as the timeline stores it: with its kind."""
+        return {**self.data, "kind": self.kind.value}

@@ -1,0 +1,129 @@
+"""The checkpoint manager, in torchtitan's shape: the trainer registers its stateful parts
+once, then calls `load()` when it starts and `save(step, last_step=...)` after every step;
+the manager decides when each tier saves.
+
+Two tiers. Storage: every `checkpoint.every_steps`, on the last step and on a stop that
+asks for it, sync or async, keeping `keep_last`. Memory: every `memory_every_steps`, into
+host memory that outlives the process (always async, only the newest kept), cheap, lost
+only with its node. A restore takes the newest checkpoint of either tier that verifies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from workers.contract.events import Event
+from workers.contract.spec import CheckpointSpec
+from workers.engine.checkpoint.state import JsonState, TensorState
+from workers.engine.checkpoint.tier import CheckpointTier, CommitSink, EventSink
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from workers.storage.layout import CheckpointLocations
+
+log = logging.getLogger(__name__)
+
+# One committed snapshot, plus the one being written: host memory holds at most two.
+KEEP_SNAPSHOTS = 1
+
+
+def _log_only(event: Event) -> None:
+    # A snapshot every few steps would drown the job's events; the rank's log keeps them.
+    log.info("%s", event.message)
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        policy: CheckpointSpec,
+        where: CheckpointLocations,
+        *,
+        tensors: TensorState,
+        small: dict[str, JsonState],
+        info: dict[str, Any],
+        on_event: EventSink,
+        on_commit: CommitSink | None = None,
+    ) -> None:
+        """`tensors` and `small` are the registry of stateful parts; `info` (layout, spec
+        hash, versions) goes into every manifest."""
+        if policy.memory_every_steps == 0:  # no memory tier: nothing to restore from it
+            where = replace(where, snapshot_url=None)
+        self.policy = policy
+        self.where = where
+        self.tensors = tensors
+        self.small = small
+        self.restored: CommittedCheckpoint | None = None
+        self.last_saved_step: int | None = None  # the newest step either saved or restored
+        self.storage: CheckpointTier | None = None
+        self.memory: CheckpointTier | None = None
+        if not (where.save_url or where.restore_from or where.snapshot_url):
+            return  # nothing to save or restore: no process group of its own either
+        self.storage = CheckpointTier(
+            CheckpointStore(where.save_url) if where.save_url else None,
+            keep_last=policy.keep_last,
+            async_save=policy.async_save,
+            info=info,
+            on_event=on_event,
+            on_commit=on_commit,
+        )
+        if where.snapshot_url:
+            self.memory = CheckpointTier(
+                CheckpointStore(where.snapshot_url),
+                keep_last=KEEP_SNAPSHOTS,
+                async_save=True,  # the step waits only for the copy into host buffers
+                info=info,
+                on_event=_log_only,
+                kind="snapshot",
+            )
+
+    def load(self) -> int | None:
+        """Restore the newest checkpoint of either tier that verifies into the registered
+        parts; returns the step it was taken after, or None where there is none."""
+        if self.storage is None:
+            return None
+        found = self.storage.restore(self.where, self.tensors.state_dict)
+        if found is None:
+            return None
+        ckpt, state = found
+        self.tensors.load_state_dict(state)
+        small = ckpt.manifest["trainer"]
+        for name, part in self.small.items():
+            part.load_state_dict(small[name])
+        self.restored = ckpt
+        self.last_saved_step = int(small["step"])
+        return self.last_saved_step
+
+    def save(self, step: int, *, last_step: bool = False, force: bool = False) -> dict[str, float]:
+        """After `step`: a storage checkpoint where the policy says (`last_step`: the run's
+        last step or a stop that asks for one; `force`: now, whatever the policy says),
+        else a snapshot where it is due. Returns the seconds training was held, named as
+        the step's metrics name them."""
+        if self.memory is not None:
+            # A snapshot overlaps one step at most: once this step is done, so is the
+            # previous snapshot, and a death loses at most memory_every_steps steps.
+            self.memory.wait()
+        saves = self.storage is not None and self.storage.store is not None
+        if saves and (force or self._storage_due(step, last_step)):
+            assert self.storage is not None
+            held = self.storage.save(step, self.tensors.state_dict(), self._small(step))
+            self.last_saved_step = step
+            return {"checkpoint_blocking_s": held}
+        if self.memory is not None and step % self.policy.memory_every_steps == 0:
+            held = self.memory.save(step, self.tensors.state_dict(), self._small(step))
+            return {"snapshot_blocking_s": held}
+        return {}
+
+    def _storage_due(self, step: int, last_step: bool) -> bool:
+        if step == 0 or step == self.last_saved_step:
+            return False
+        every = self.policy.every_steps
+        return last_step or (every > 0 and step % every == 0)
+
+    def _small(self, step: int) -> dict[str, Any]:
+        return {"step": step, **{name: part.state_dict() for name, part in self.small.items()}}
+
+    def wait(self) -> None:
+        """Until every save in flight has committed or failed."""
+        for tier in (self.storage, self.memory):
+            if tier is not None:
+                tier.wait()

@@ -1,0 +1,14 @@
+"""The supervisor of one job, in parts (as Ray Train's controller is):
+
+- machine: the actor API and the state loop (each step returns the next state and why)
+- watch: one verdict on the group from the ranks' typed statuses
+- relay: progress to the control plane's buffer, replay and gap fill
+- decisions: the failure budget and the non-finite policy, with no I/O
+- handling: acting on a failure or a non-finite loss; recovery: timing each recovery
+- grow: elastic grow-back; workers: the worker-group protocol it drives
+"""
+
+from workers.runtime.supervisor.machine import FaultRefused, JobSupervisor
+from workers.runtime.supervisor.workers import Workers
+
+__all__ = ["FaultRefused", "JobSupervisor", "Workers"]

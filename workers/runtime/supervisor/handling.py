@@ -1,0 +1,91 @@
+"""What the supervisor does about a group that failed, hung or saw a non-finite loss:
+count the failure in the job's one budget (or the skip in max_nonfinite_skips), say so,
+take the workers down and open the recovery that the next new step closes."""
+
+from __future__ import annotations
+
+import threading
+
+from workers.contract.events import Event, EventKind
+from workers.contract.lifecycle import JobState
+from workers.contract.spec import JobSpec
+from workers.runtime.placement.node_health import NodeHealth
+from workers.runtime.supervisor.decisions import FailurePolicy, Next, NonFinitePolicy
+from workers.runtime.supervisor.recovery import Recoveries
+from workers.runtime.supervisor.relay import ProgressRelay
+from workers.runtime.supervisor.watch import GroupStatus
+from workers.runtime.supervisor.workers import Workers
+from workers.storage.layout import JobLayout
+
+
+class FailureHandling:
+    def __init__(
+        self,
+        spec: JobSpec,
+        layout: JobLayout,
+        workers: Workers,
+        relay: ProgressRelay,
+        failures: int,
+    ) -> None:
+        ft = spec.fault_tolerance
+        self.policy = FailurePolicy(ft.max_failures)
+        self.nonfinite = NonFinitePolicy(ft.max_nonfinite_skips)
+        self.layout = layout
+        self.workers = workers
+        self.relay = relay
+        self.failures = failures  # the job's real failures, all supervisors together
+        self.recoveries = Recoveries()
+        self.health = NodeHealth()
+        self.wake = threading.Event()  # cuts a backoff short for a cancel or a pause
+
+    def failed(self, group: GroupStatus) -> Next:
+        """A real failure: it spends the failure budget; retried after a backoff (that a
+        cancel or a pause cuts short), or the job fails."""
+        self.health.leave_out(self.workers, group.lost, self.relay.event)
+        self.failures += 1
+        decision = self.policy.decide(self.failures, group.error, deterministic=group.deterministic)
+        self.relay.event(
+            Event(
+                EventKind.FAILURE,
+                f"failure: {decision.reason}",
+                {"retry": decision.retry, "failures": self.failures},
+            )
+        )
+        self.workers.kill_workers()
+        recovery = self.recoveries.open(
+            group.error, group.ranks, self.relay.front_step, group.stalled_s
+        )
+        recovery.rank_steps = group.rank_steps
+        if not decision.retry:
+            self.workers.release()
+            return Next(JobState.FAILED, decision.reason, failure=True)
+        # The new workers restore the newest committed checkpoint (metrics already sent
+        # are not sent twice).
+        self.wake.wait(decision.backoff_s)
+        return Next(JobState.RESTARTING, decision.reason, failure=True)
+
+    def nonfinite_loss(self, group: GroupStatus) -> Next:
+        """Roll back to the newest snapshot and skip the batch, or fail (the policy says
+        which). It spends max_nonfinite_skips, not the failure budget; nothing waits."""
+        bad = group.nonfinite
+        assert bad is not None  # the verdict says there is one
+        record = self.layout.skipped_batches()
+        decision = self.nonfinite.decide(bad.step, bad.loss, bad.batch, record.read())
+        if decision.skip:
+            record.add(bad.step, bad.batch)
+        self.relay.event(
+            Event(
+                EventKind.NONFINITE,
+                f"non-finite loss: {decision.reason}",
+                {"step": bad.step, "batch": bad.batch, "skipped": decision.skip},
+            )
+        )
+        self.workers.kill_workers()
+        if not decision.skip:
+            self.workers.release()
+            return Next(JobState.FAILED, decision.reason)
+        recovery = self.recoveries.open(
+            f"a non-finite loss at step {bad.step}", group.ranks, self.relay.front_step
+        )
+        recovery.skipped = {"step": bad.step, "batch": bad.batch}
+        return Next(JobState.RESTARTING, decision.reason)

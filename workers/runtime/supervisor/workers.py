@@ -1,0 +1,44 @@
+"""What the supervisor needs of its worker group (the `Workers` protocol: the Ray group in
+production, a fake in unit tests) and where that group's checkpoints go."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from workers.contract.spec import JobSpec
+from workers.contract.status import WorkerStatus
+from workers.storage.checkpoints import RestoreSource
+from workers.storage.layout import CheckpointLocations, JobLayout
+
+
+class Workers(Protocol):
+    def reserve(self, timeout_s: float) -> list[str]: ...
+    def start(self, join_timeout_s: float) -> None: ...
+    def poll(self, timeout_s: float) -> list[WorkerStatus]: ...
+    def request_stop(self, save: bool = False) -> None: ...
+    def kill_workers(self) -> None: ...
+    def release(self) -> None: ...
+    def inject_fault(self, rank: int, kind: str) -> None: ...
+
+    # Whether the last start() ran on warm spares (said in the "workers started" event).
+    @property
+    def warm_start(self) -> bool: ...
+
+
+# Makes a job's worker group (injected: the supervisor imports no actor).
+WorkersFactory = Callable[[JobSpec, JobLayout, CheckpointLocations], Workers]
+
+
+def checkpoint_locations(spec: JobSpec, layout: JobLayout) -> CheckpointLocations:
+    """The job saves into its own folder and starts from it; a job with `resume_from`
+    starts from that job's checkpoint until it has one of its own."""
+    source = spec.resume_from
+    resume = (
+        RestoreSource(str(layout.of_job(source.job_id).checkpoints_dir), step=source.step)
+        if source is not None
+        else None
+    )
+    return layout.checkpoint_locations(
+        resume_from=resume, snapshots=spec.checkpoint.memory_every_steps > 0
+    )
