@@ -116,15 +116,13 @@ class Reconciler(PeriodicLoop):
             fields["restarts"] = job.restarts + 1
         if target == JobState.FAILED:
             fields["failure_reason"] = entry.reason
-        if entry.failures is not None:
-            fields["failures"] = entry.failures
         try:
             self.store.transition(
                 job_id, target, entry.reason, expected_version=job.version, **fields
             )
         except IllegalTransition as err:
             # The user's request won (a RUNNING reported after a cancel was asked for):
-            # the entry is recorded as read, with the failures it counted, and said here.
+            # the entry is recorded as read, and said here.
             log.warning(
                 "job %s: supervisor's %s -> %s refused (%s): %s",
                 job_id,

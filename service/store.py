@@ -27,7 +27,6 @@ from workers.contract.progress import (
     EventEntry,
     MetricsEntry,
     ProgressEntry,
-    StateEntry,
     SummaryEntry,
 )
 from workers.contract.spec import JobSpec, spec_hash
@@ -293,8 +292,8 @@ class JobStore:
 
         Applies only if the job's `reconciled_seq` is still `after_seq` (so two readers
         cannot both write the same entries); returns the new `reconciled_seq`. State
-        entries are the caller's to apply (`transition`): here they only advance the seq
-        and record the failures they counted.
+        entries are the caller's to apply (`transition`): here they only advance the seq.
+        A failure event sets the job's failures to the count it carries.
         """
         if not entries:
             return after_seq
@@ -323,6 +322,8 @@ class JobStore:
                     latest = e.values
                 elif isinstance(e, EventEntry):
                     s.add(_event(job_id, "event", e.message, e.data))
+                    if e.data.get("kind") == EventKind.FAILURE:  # the job's count after it
+                        failures = int(e.data["failures"])
                     if e.data.get("kind") == EventKind.RECOVERY:  # counted with its seq: once
                         steps_lost += int(e.data["steps_lost"])
                         seconds_lost += float(e.data["seconds_lost"])
@@ -330,9 +331,6 @@ class JobStore:
                     s.add(_event(job_id, "summary", "training summary", e.summary))
                 elif isinstance(e, CheckpointEntry):
                     latest_checkpoint = self._add_checkpoint(s, job_id, e.commit)
-                elif isinstance(e, StateEntry) and e.failures is not None:
-                    # A failure counts even where its state was not taken (a cancel won).
-                    failures = e.failures
             values: dict[str, Any] = {"reconciled_seq": last_seq}
             if failures is not None:
                 values["failures"] = failures

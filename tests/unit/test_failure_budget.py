@@ -59,8 +59,11 @@ class ScriptedWorkers:
 
     warm_start = False
 
-    def __init__(self, *starts: list[list[WorkerStatus]], stubborn: bool = False) -> None:
+    def __init__(
+        self, *starts: list[list[WorkerStatus]], stubborn: bool = False, failing_starts: int = 0
+    ) -> None:
         self.starts = list(starts)
+        self.failing_starts = failing_starts  # starts that raise (a join that timed out)
         self.polls: list[list[WorkerStatus]] = []
         self.stubborn = stubborn
         self.stopping = False
@@ -69,6 +72,9 @@ class ScriptedWorkers:
         return ["node-a", "node-a"]
 
     def start(self, join_timeout_s: float) -> None:
+        if self.failing_starts:
+            self.failing_starts -= 1
+            raise TimeoutError("the world did not form in time")
         self.polls = list(self.starts.pop(0))
 
     def poll(self, timeout_s: float) -> list[WorkerStatus]:
@@ -225,6 +231,24 @@ def test_a_lost_supervisor_then_a_killed_worker_fails_naming_max_failures(
     assert (job.state, job.failures) == (JobState.FAILED, 2)
     assert "rank 1: its actor died" in (job.failure_reason or "")
     assert "failure 2, more than fault_tolerance.max_failures=1" in (job.failure_reason or "")
+
+
+def test_a_failure_that_changes_no_state_is_counted_all_the_same(
+    store: JobStore, tmp_path: Path
+) -> None:
+    """The new supervisor of a lost one starts RESTARTING; its first start fails and it
+    stays RESTARTING (no new state to report), yet the failure is the job's second."""
+    groups = [
+        ScriptedWorkers([training(5)]),
+        ScriptedWorkers([training(6), done()], failing_starts=1),
+    ]
+    job_id, supervisors, reconciler = lost_while_running(store, groups, tmp_path, 3)
+    second = supervisors.live[job_id]
+    second.handling.policy.base_backoff_s = 0.0
+    assert second.run() == JobState.SUCCEEDED
+    reconciler.tick()
+    job = store.get(job_id)
+    assert (job.state, job.failures) == (JobState.SUCCEEDED, 2), messages(store, job_id)
 
 
 def test_a_lost_supervisor_past_the_budget_fails_the_job_naming_max_failures(

@@ -55,9 +55,6 @@ class StateEntry:
     kind: ClassVar[EntryKind] = EntryKind.STATE
     state: str  # a JobState value
     reason: str
-    # The job's real failures so far, where this transition came from one (a failure
-    # spends the budget; a pause, a cancel, a non-finite rollback or a grow-back do not).
-    failures: int | None = None
     seq: int = 0
 
 

@@ -305,7 +305,7 @@ class Trainer:
 
     def save_checkpoint(self) -> float:
         """Checkpoint the state after `self.step` now; returns the seconds training was held."""
-        return self.checkpoints.save(self.step, force=True)["checkpoint_blocking_s"]
+        return self.checkpoints.save_now(self.step)
 
     def train(
         self,
@@ -337,7 +337,7 @@ class Trainer:
             if self.on_step is not None:
                 self.on_step(self.step)
         if save_on_stop is not None and save_on_stop():
-            self.checkpoints.save(self.step, last_step=True)
+            self.checkpoints.save_on_stop(self.step)
         self.checkpoints.wait()
         return self._summary(last, step_times)
 

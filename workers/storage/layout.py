@@ -35,7 +35,9 @@ class CheckpointLocations:
 class JobLayout:
     storage_root: str
     job_id: str
-    # Host memory for in-memory snapshots; None: the default of the node that uses it.
+    # Host memory for in-memory snapshots; None: the default of the process that resolves
+    # `snapshot_dir` (the supervisor's for the workers, which share one host; each node's
+    # own when the job's snapshots are removed).
     snapshot_root: str | None = None
 
     @property

@@ -18,10 +18,17 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# An operator may point a node (or `shardline train`) elsewhere; it must be host memory to
+# be worth it. The service's setting of the same name goes into every JobLayout instead.
+ROOT_ENV = "SHARDLINE_SNAPSHOT_ROOT"
+
 
 def default_snapshot_root() -> Path:
-    """This node's host memory where there is a tmpfs for it, else its temp folder (the
-    service's `SHARDLINE_SNAPSHOT_ROOT` setting replaces it)."""
+    """This process's snapshot root: `SHARDLINE_SNAPSHOT_ROOT` where set, else the node's
+    host memory where there is a tmpfs for it, else its temp folder."""
+    configured = os.environ.get(ROOT_ENV)
+    if configured:
+        return Path(configured)
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
     return base / "shardline-snapshots"

@@ -1,6 +1,7 @@
 """The checkpoint manager, in torchtitan's shape: the trainer registers its stateful parts
-once, then calls `load()` when it starts and `save(step, last_step=...)` after every step;
-the manager decides when each tier saves.
+once, then calls `load()` when it starts, `save(step, last_step=...)` after every step and
+`save_on_stop(step)` when asked to stop with a checkpoint; the manager decides when each
+tier saves.
 
 Two tiers. Storage: every `checkpoint.every_steps`, on the last step and on a stop that
 asks for it, sync or async, keeping `keep_last`. Memory: every `memory_every_steps`, into
@@ -93,28 +94,39 @@ class CheckpointManager:
         self.last_saved_step = int(small["step"])
         return self.last_saved_step
 
-    def save(self, step: int, *, last_step: bool = False, force: bool = False) -> dict[str, float]:
-        """After `step`: a storage checkpoint where the policy says (`last_step`: the run's
-        last step or a stop that asks for one; `force`: now, whatever the policy says),
-        else a snapshot where it is due. Returns the seconds training was held, named as
-        the step's metrics name them."""
+    def save(self, step: int, *, last_step: bool = False) -> dict[str, float]:
+        """After training `step` (`last_step`: the run's last): a storage checkpoint where
+        the policy says, else a snapshot where one is due. Returns the seconds training
+        was held, named as the step's metrics name them."""
         if self.memory is not None:
             # A snapshot overlaps one step at most: once this step is done, so is the
             # previous snapshot, and a death loses at most memory_every_steps steps.
             self.memory.wait()
-        saves = self.storage is not None and self.storage.store is not None
-        if saves and (force or self._storage_due(step, last_step)):
-            assert self.storage is not None
-            held = self.storage.save(step, self.tensors.state_dict(), self._small(step))
-            self.last_saved_step = step
-            return {"checkpoint_blocking_s": held}
+        if self._storage_due(step, last_step):
+            return {"checkpoint_blocking_s": self.save_now(step)}
         if self.memory is not None and step % self.policy.memory_every_steps == 0:
             held = self.memory.save(step, self.tensors.state_dict(), self._small(step))
             return {"snapshot_blocking_s": held}
         return {}
 
+    def save_on_stop(self, step: int) -> None:
+        """A stop that asks for a checkpoint (a pause, a grow-back): to storage, unless this
+        step is saved already; never a snapshot."""
+        if self._storage_due(step, last_step=True):
+            self.save_now(step)
+
+    def save_now(self, step: int) -> float:
+        """A storage checkpoint of `step`, whatever the policy says; returns the seconds
+        training was held."""
+        if self.storage is None or self.storage.store is None:
+            raise RuntimeError("this run has no checkpoint folder to save into")
+        held = self.storage.save(step, self.tensors.state_dict(), self._small(step))
+        self.last_saved_step = step
+        return held
+
     def _storage_due(self, step: int, last_step: bool) -> bool:
-        if step == 0 or step == self.last_saved_step:
+        saves = self.storage is not None and self.storage.store is not None
+        if not saves or step == 0 or step == self.last_saved_step:
             return False
         every = self.policy.every_steps
         return last_step or (every > 0 and step % every == 0)

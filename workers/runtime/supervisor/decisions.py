@@ -15,7 +15,6 @@ class Next:
 
     state: JobState
     reason: str = ""
-    failure: bool = False  # a real failure led here: it spent the failure budget
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,14 @@ class FailureHandling:
         """A real failure: it spends the failure budget; retried after a backoff (that a
         cancel or a pause cuts short), or the job fails."""
         self.health.leave_out(self.workers, group.lost, self.relay.event)
+        # Counted once the ranks are down: an error taking them down is handled as this
+        # same failure (the step runs again), not counted as a second one.
+        self.workers.kill_workers()
         self.failures += 1
         decision = self.policy.decide(self.failures, group.error, deterministic=group.deterministic)
+        # The event carries the job's count: the reconciler stores it with the event, so
+        # it counts even where the state it leads to is not taken (a cancel won) or not
+        # new (a failure while RESTARTING).
         self.relay.event(
             Event(
                 EventKind.FAILURE,
@@ -51,18 +57,17 @@ class FailureHandling:
                 {"retry": decision.retry, "failures": self.failures},
             )
         )
-        self.workers.kill_workers()
         recovery = self.recoveries.open(
             group.error, group.ranks, self.relay.front_step, group.stalled_s
         )
         recovery.rank_steps = group.rank_steps
         if not decision.retry:
             self.workers.release()
-            return Next(JobState.FAILED, decision.reason, failure=True)
+            return Next(JobState.FAILED, decision.reason)
         # The new workers restore the newest committed checkpoint (metrics already sent
         # are not sent twice).
         self.wake.wait(decision.backoff_s)
-        return Next(JobState.RESTARTING, decision.reason, failure=True)
+        return Next(JobState.RESTARTING, decision.reason)
 
     def nonfinite_loss(self, group: GroupStatus) -> Next:
         """Roll back to the newest snapshot and skip the batch, or fail (the policy says

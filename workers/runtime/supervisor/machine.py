@@ -164,19 +164,30 @@ class JobSupervisor:
 
     def _enter(self, nxt: Next) -> None:
         if not is_legal(self.state, nxt.state):  # a bug: say so loudly, never hide it
-            log.error("job %s: %s -> %s is no legal edge", self.job_id, self.state, nxt.state)
+            log.error(
+                "job %s: %s -> %s is no legal edge (%s)",
+                self.job_id,
+                self.state.value,
+                nxt.state.value,
+                nxt.reason,
+            )
         log.info("job %s: %s -> %s", self.job_id, self.state.value, nxt.state.value)
+        # The entry first: a reader that sees the new state has its entry too.
+        self.relay.state(nxt.state, nxt.reason)
         self.state = nxt.state
-        self.relay.state(nxt.state, nxt.reason, self.failures if nxt.failure else None)
 
     def _on_error(self, error: str) -> Next:
         """An exception in a step: a failure of the job, unless it was letting go anyway
         (cancelling or pausing), which then ends as asked."""
-        if self.state in (JobState.CANCELLING, JobState.PAUSING):
-            self.workers.release()
-            done = JobState.CANCELLED if self.state == JobState.CANCELLING else JobState.PAUSED
-            return Next(done, f"{done.value.lower()} after an error: {error}")
-        return self.handling.failed(GroupStatus([], Verdict.FAILED, error))
+        try:
+            if self.state in (JobState.CANCELLING, JobState.PAUSING):
+                self.workers.release()
+                done = JobState.CANCELLED if self.state == JobState.CANCELLING else JobState.PAUSED
+                return Next(done, f"{done.value.lower()} after an error: {error}")
+            return self.handling.failed(GroupStatus([], Verdict.FAILED, error))
+        except Exception as again:  # the workers cannot even be taken down: give up
+            log.exception("job %s: handling an error failed too", self.job_id)
+            return Next(JobState.FAILED, f"{error}; then, taking the workers down: {again}")
 
     def _launch(self, verb: str) -> Next:
         self.relay.replay()

@@ -35,8 +35,8 @@ class ProgressRelay:
         self.front_step = 0  # the furthest step any rank reported
         self.step_time_s: float | None = None  # the latest logged step time
 
-    def state(self, state: JobState, reason: str, failures: int | None = None) -> None:
-        self.buffer.append(StateEntry(state=state.value, reason=reason, failures=failures))
+    def state(self, state: JobState, reason: str) -> None:
+        self.buffer.append(StateEntry(state=state.value, reason=reason))
 
     def event(self, event: Event) -> None:
         log.info("job %s: %s", self.job_id, event.message)
