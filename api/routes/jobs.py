@@ -35,7 +35,8 @@ from service.store import JobStore
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import job_demand
 from workers.contract.lifecycle import JobState
-from workers.contract.spec import INIT_FROM, JobSpec
+from workers.contract.sections import INIT_FROM
+from workers.contract.spec import JobSpec
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from workers.contract.data_access import DataAccess
-from workers.contract.spec import INIT_FROM, JobSpec
+from workers.contract.sections import INIT_FROM
+from workers.contract.spec import JobSpec
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from workers.contract.data_access import DataAccess
-from workers.contract.spec import DataSource, JobSpec
+from workers.contract.sections import DataSource
+from workers.contract.spec import JobSpec
 from workers.engine.corpus import bin_tokens, synthetic_tokens, text_tokens
 from workers.engine.tokenizer import load_tokenizer
 from workers.storage.skipped_batches import batch_index

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from workers.contract.spec import ParallelSpec
+from workers.contract.sections import ParallelSpec
 
 log = logging.getLogger(__name__)
 

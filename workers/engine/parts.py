@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.contract.spec import JobSpec, Precision
+from workers.contract.sections import Precision
+from workers.contract.spec import JobSpec
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
 from workers.engine.compiling import apply_compile
 from workers.engine.data_parallel import apply_data_parallel

@@ -25,7 +25,7 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from workers.contract.spec import PipelineSchedule
+from workers.contract.sections import PipelineSchedule
 
 log = logging.getLogger(__name__)
 

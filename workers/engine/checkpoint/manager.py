@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from workers.contract.events import Event
-from workers.contract.spec import CheckpointSpec
+from workers.contract.sections import CheckpointSpec
 from workers.engine.checkpoint.state import JsonState, TensorState
 from workers.engine.checkpoint.tier import CheckpointTier, CommitSink, EventSink
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint

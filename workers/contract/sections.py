@@ -1,0 +1,261 @@
+"""The sections of a JobSpec (model, data, parallel, train, checkpoint, resume_from,
+fault_tolerance, resources), each checked on its own; workers/contract/spec.py checks
+how they fit together.
+
+Pure pydantic: no torch, no Ray. Every failure names the field and says what to change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workers.contract.presets import PRESETS, ffn_hidden_dim
+
+# Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
+# instead of an out-of-memory crash hours later.
+MAX_DEGREE = 4096
+MAX_STEPS = 100_000_000
+# About 8x the largest open models: beyond this a spec is a typo, not a plan.
+MAX_PARAMETERS = 4 * 10**12
+# Tokens in one micro-batch (activations scale with it) and in one optimizer step.
+MAX_MICRO_BATCH_TOKENS = 1 << 22
+MAX_GLOBAL_BATCH_TOKENS = 1 << 30
+# data.tokenizer's value for "the tokenizer.json beside model.init_from".
+INIT_FROM = "init_from"
+
+
+class _Strict(BaseModel):
+    # allow_inf_nan=False: JSON has no Infinity or NaN, and a spec must survive the
+    # database and every reader of it (one unreadable spec once stopped all scheduling).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_is_storable(cls, value: Any) -> Any:
+        """Strings must encode as UTF-8 and hold no NUL: the database, JSON responses and
+        file paths all need that, so such a value is refused here and never stored."""
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ValueError("contains a NUL character; remove it")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(
+                    f"is not valid Unicode text (a lone surrogate at position {err.start}); "
+                    "remove that character"
+                ) from None
+        return value
+
+
+class DataSource(StrEnum):
+    synthetic = "synthetic"
+    text = "text"
+    tokens = "tokens"
+
+
+class PipelineSchedule(StrEnum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved_1f1b = "interleaved_1f1b"
+
+
+class Precision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ActivationCheckpointing(StrEnum):
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
+class ModelSpec(_Strict):
+    """A preset, with any field overriding it."""
+
+    preset: str = "tiny"
+    dim: Annotated[int, Field(ge=8, le=65536)] | None = None
+    n_layers: Annotated[int, Field(ge=1, le=1024)] | None = None
+    n_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    n_kv_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    vocab_size: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
+    seq_len: Annotated[int, Field(ge=2, le=1_048_576)] | None = None
+    # Shape details a Hugging Face config.json carries (None: the preset's rule/defaults).
+    ffn_dim: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    norm_eps: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    rope_theta: Annotated[float, Field(gt=0.0, le=1e12)] | None = None
+    # A Hugging Face Llama folder (config.json + *.safetensors) to start from; the shape
+    # is read from its config.json (workers/contract/hf_config.py) when the job is submitted.
+    init_from: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.preset not in PRESETS:
+            raise ValueError(
+                f"model.preset={self.preset!r} is unknown; choose one of {', '.join(PRESETS)}"
+            )
+        r = self.resolved()
+        if r["dim"] % r["n_heads"]:
+            raise ValueError(
+                f"model.dim={r['dim']} is not divisible by model.n_heads={r['n_heads']}"
+            )
+        if (r["dim"] // r["n_heads"]) % 2:
+            raise ValueError(
+                f"model.dim / model.n_heads = {r['dim'] // r['n_heads']} must be even "
+                "(rotary embeddings rotate pairs of channels)"
+            )
+        if r["n_kv_heads"] > r["n_heads"] or r["n_heads"] % r["n_kv_heads"]:
+            raise ValueError(
+                f"model.n_kv_heads={r['n_kv_heads']} must divide model.n_heads={r['n_heads']}"
+            )
+        return self
+
+    def resolved(self) -> dict[str, Any]:
+        """The preset's values with this spec's overrides applied, plus the MLP width."""
+        preset = PRESETS[self.preset]
+        out: dict[str, Any] = {}
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"):
+            value = getattr(self, name)
+            out[name] = getattr(preset, name) if value is None else value
+        out["ffn_dim"] = self.ffn_dim or ffn_hidden_dim(
+            out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of
+        )
+        # Only where given (init_from): otherwise ModelArgs' defaults apply.
+        for name in ("norm_eps", "rope_theta"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    def parameter_count(self) -> int:
+        """Parameters of the model (untied input and output embeddings, as the engine
+        builds it)."""
+        r = self.resolved()
+        kv_dim = r["n_kv_heads"] * (r["dim"] // r["n_heads"])
+        attention = 2 * r["dim"] * r["dim"] + 2 * r["dim"] * kv_dim
+        mlp = 3 * r["dim"] * r["ffn_dim"]
+        per_layer = attention + mlp + 2 * r["dim"]
+        return 2 * r["vocab_size"] * r["dim"] + r["n_layers"] * per_layer + r["dim"]
+
+
+class DataSpec(_Strict):
+    source: DataSource = DataSource.synthetic
+    path: str | None = None
+    tokenizer: str = "byte"
+    val_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.source != DataSource.synthetic and not self.path:
+            raise ValueError(
+                f"data.path is required when data.source={self.source.value!r}; "
+                "give a file or folder of text, or a .bin of token ids"
+            )
+        if self.source == DataSource.tokens and self.tokenizer != "byte":
+            raise ValueError(
+                "data.tokenizer does not apply to data.source='tokens' (already tokenized); "
+                "remove it"
+            )
+        return self
+
+
+class ParallelSpec(_Strict):
+    dp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    tp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    pp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 0
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    pp_virtual_stages: Annotated[int, Field(ge=1, le=64)] = 1
+    sequence_parallel: bool = False
+    # bf16 jobs at zero_stage 2/3: FSDP gathers bf16 parameters (half the bytes) and
+    # reduces gradients in fp32; the shards stay fp32. Ignored elsewhere.
+    fsdp_mixed_precision: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        interleaved = self.pp_schedule == PipelineSchedule.interleaved_1f1b
+        if interleaved and self.pp_virtual_stages < 2:
+            raise ValueError(
+                "parallel.pp_schedule='interleaved_1f1b' needs parallel.pp_virtual_stages >= 2"
+            )
+        if not interleaved and self.pp_virtual_stages > 1:
+            raise ValueError(
+                f"parallel.pp_virtual_stages={self.pp_virtual_stages} needs "
+                "parallel.pp_schedule='interleaved_1f1b'; set it to 1 or change the schedule"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
+        return self
+
+
+class TrainSpec(_Strict):
+    steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
+    global_batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 8
+    micro_batch_size: Annotated[int, Field(ge=1, le=1_048_576)] = 2
+    lr: Annotated[float, Field(gt=0.0, le=10.0)] = 3e-4
+    min_lr: Annotated[float, Field(ge=0.0, le=10.0)] = 3e-5
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
+    grad_clip: Annotated[float, Field(ge=0.0, le=1e6)] = 1.0
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    log_every: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 1
+    eval_every: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    # torch.compile each transformer block (first steps pay for compiling).
+    compile: bool = False
+    # Fused AdamW kernels where the device has them (CUDA); same update, fewer launches.
+    fused_optimizer: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"train.warmup_steps={self.warmup_steps} exceeds train.steps={self.steps}"
+            )
+        return self
+
+
+class CheckpointSpec(_Strict):
+    every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+    async_save: bool = False
+    # In-memory snapshots (0: off): host memory on the node, outliving the worker process;
+    # a worker's death then costs at most this many steps (workers/storage/snapshots.py).
+    memory_every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+
+
+class ResumeFromSpec(_Strict):
+    """Start from a checkpoint of another job (yours), in this job's layout."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9]+$")]
+    step: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None  # None: its newest
+
+
+class ElasticSpec(_Strict):
+    """Go on with fewer data-parallel ranks (down to `min_dp`) when a node is lost."""
+
+    min_dp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
+
+
+class FaultToleranceSpec(_Strict):
+    max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
+    hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
+    # A step whose loss is not finite rolls back to the newest snapshot and skips that
+    # step's batch, at most this many times in the job's life (0: fail at once).
+    max_nonfinite_skips: Annotated[int, Field(ge=0, le=1000)] = 3
+    elastic: ElasticSpec | None = None
+
+
+class ResourcesSpec(_Strict):
+    gpus_per_worker: Annotated[float, Field(ge=0.0, le=64.0)] = 0.0
+    # A rank below a tenth of a CPU would only time out its collectives.
+    cpus_per_worker: Annotated[float, Field(ge=0.1, le=1024.0)] = 1.0
