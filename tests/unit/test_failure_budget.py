@@ -157,16 +157,24 @@ def started(
     return job.id, supervisors.live[job.id]
 
 
+def running(
+    store: JobStore, groups: list[ScriptedWorkers], tmp_path: Path, max_failures: int
+) -> tuple[str, InProcessSupervisors, Reconciler, JobSupervisor]:
+    """A job whose first supervisor got it RUNNING; the reconciler has recorded that."""
+    supervisors = InProcessSupervisors(tmp_path, groups)
+    reconciler = Reconciler(store, supervisors)
+    job_id, sup = started(store, supervisors, max_failures=max_failures)
+    advance(sup, 2)
+    reconciler.tick()
+    return job_id, supervisors, reconciler, sup
+
+
 def lost_while_running(
     store: JobStore, groups: list[ScriptedWorkers], tmp_path: Path, max_failures: int
 ) -> tuple[str, InProcessSupervisors, Reconciler]:
     """A job whose first supervisor got it RUNNING, then was lost; the reconciler has
     looked once since."""
-    supervisors = InProcessSupervisors(tmp_path, groups)
-    reconciler = Reconciler(store, supervisors)
-    job_id, first = started(store, supervisors, max_failures=max_failures)
-    advance(first, 2)
-    reconciler.tick()
+    job_id, supervisors, reconciler, _ = running(store, groups, tmp_path, max_failures)
     supervisors.lose(job_id)
     reconciler.tick()
     return job_id, supervisors, reconciler
@@ -264,11 +272,8 @@ def test_a_lost_supervisor_past_the_budget_fails_the_job_naming_max_failures(
 def test_a_pause_spends_nothing_reports_legal_edges_and_stops_the_loop(
     store: JobStore, tmp_path: Path
 ) -> None:
-    supervisors = InProcessSupervisors(tmp_path, [ScriptedWorkers([training(5)])])
-    reconciler = Reconciler(store, supervisors)
-    job_id, sup = started(store, supervisors, max_failures=3)
-    advance(sup, 2)
-    reconciler.tick()
+    groups = [ScriptedWorkers([training(5)])]
+    job_id, supervisors, reconciler, sup = running(store, groups, tmp_path, 3)
     store.request_pause(job_id, UserDirectory(store.db).ensure_user("alice"), "pause")
     reconciler.tick()  # carries the pause to the supervisor
     advance(sup, 3)
@@ -286,11 +291,8 @@ def test_a_pause_then_a_cancel_ends_cancelled_with_no_failure(
     store: JobStore, tmp_path: Path
 ) -> None:
     # The ranks never finish their pause checkpoint: only the cancel ends the wait.
-    supervisors = InProcessSupervisors(tmp_path, [ScriptedWorkers([training(5)], stubborn=True)])
-    reconciler = Reconciler(store, supervisors)
-    job_id, sup = started(store, supervisors, max_failures=516)
-    advance(sup, 2)
-    reconciler.tick()
+    groups = [ScriptedWorkers([training(5)], stubborn=True)]
+    job_id, _, reconciler, sup = running(store, groups, tmp_path, 516)
     alice = UserDirectory(store.db).ensure_user("alice")
     store.request_pause(job_id, alice, "pause")
     reconciler.tick()
