@@ -1,5 +1,6 @@
 # One image for every Shardline service: PostgreSQL aside, the API, the Ray head and the
-# Ray GPU workers all run the same installed package (docker-compose.yml picks the command).
+# Ray workers (GPU or CPU) all run the same installed package (docker-compose.yml picks
+# the command). .dockerignore keeps the build context to what is copied below.
 FROM python:3.11-slim
 
 ENV PIP_NO_CACHE_DIR=1 \
@@ -20,6 +21,9 @@ RUN pip install -c constraints.txt '.[postgres]' && rm -rf /build
 RUN useradd --create-home --uid 1000 shardline \
     && mkdir -p /srv/shardline/storage /srv/shardline/data /srv/shardline/state \
     && chown -R shardline /srv/shardline
+# The example specs, so that `docker compose exec api shardline submit examples/demo.yaml`
+# works with nothing installed on the host.
+COPY examples /srv/shardline/examples
 USER shardline
 WORKDIR /srv/shardline
 EXPOSE 8000

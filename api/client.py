@@ -1,7 +1,7 @@
 """The Python SDK: a thin, typed client of the REST API on httpx.
 
 from api.client import Client
-client = Client("http://127.0.0.1:8000", token)
+client = Client.from_env()  # or Client("http://127.0.0.1:8000", token)
 job = client.submit("examples/tiny.yaml")
 client.wait(job["id"], timeout=600)
 """
@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import httpx
 
+from api.credentials import NoCredentials, find_credentials
 from workers.contract.lifecycle import TERMINAL
 from workers.contract.spec import JobSpec, load_spec
 
@@ -55,6 +56,20 @@ class WaitTimeout(TimeoutError):
     pass
 
 
+__all__ = [
+    "TERMINAL_STATES",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "InvalidRequest",
+    "NoCredentials",
+    "NotFound",
+    "ShardlineError",
+    "Unauthorized",
+    "WaitTimeout",
+]
+
+
 _BY_STATUS: dict[int, type[ShardlineError]] = {
     401: Unauthorized,
     403: Forbidden,
@@ -82,13 +97,29 @@ class Client:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        token_source: str | None = None,
     ) -> None:
+        if not token:
+            raise ValueError(
+                "no API token: pass one, or use Client.from_env() (SHARDLINE_TOKEN, "
+                "`shardline login`, or ./.shardline/admin-token)"
+            )
+        # Named in authentication errors, so the person knows which token to replace.
+        self.token_source = token_source
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             timeout=timeout,
             headers={"Authorization": f"Bearer {token}"},
             transport=transport,
         )
+
+    @classmethod
+    def from_env(cls, url: str | None = None, *, timeout: float = 30.0) -> Client:
+        """A client for the server and token found as the CLI finds them: SHARDLINE_URL and
+        SHARDLINE_TOKEN, then `shardline login`'s file, then ./.shardline/admin-token.
+        Raises NoCredentials (saying where it looked) when there is no token."""
+        found = find_credentials(url)
+        return cls(found.url, found.token, timeout=timeout, token_source=found.source)
 
     def close(self) -> None:
         self._http.close()
@@ -105,13 +136,14 @@ class Client:
             return response.json()
         self._raise_for(response)
 
-    @staticmethod
-    def _raise_for(response: httpx.Response) -> NoReturn:
+    def _raise_for(self, response: httpx.Response) -> NoReturn:
         try:
             err = response.json()["error"]
             code, message, details = err["code"], err["message"], err.get("details")
         except (ValueError, KeyError, TypeError):
             code, message, details = "http_error", response.text[:500], None
+        if response.status_code == 401 and self.token_source:
+            message = f"{message} (the token came from {self.token_source})"
         cls = _BY_STATUS.get(response.status_code, ShardlineError)
         raise cls(response.status_code, code, message, details)
 

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import exc as db_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,6 +23,7 @@ from service.store import (
     JobNotFound,
     StoreError,
 )
+from workers.contract.spec_errors import explain
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +78,17 @@ def error_response(
 _NAMED_FIELD = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)+)\b")
 
 
-def field_errors(errors: Any) -> list[dict[str, str]]:
-    """Pydantic errors as [{field, message}], the field a dotted path into the body.
+def field_errors(errors: Any, root: type[BaseModel] | None = None) -> list[dict[str, str]]:
+    """Pydantic errors as [{field, message}], the field a dotted path into the body (of
+    `root`'s shape where given: an unknown key then names its nearest field).
 
     A cross-field rule fails on the section holding its fields (or on the whole spec), so
     its field is the first one its message names below that section."""
     out = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
-        message = str(e.get("msg", "")).removeprefix("Value error, ")
+        parts = [p for p in e.get("loc", ()) if p != "body"]
+        loc = ".".join(str(p) for p in parts)
+        message = explain(dict(e), parts, root)
         if e.get("type") == "value_error":
             named = [m for m in _NAMED_FIELD.findall(message) if m.startswith(loc)]
             loc = named[0] if named else loc
@@ -92,9 +96,9 @@ def field_errors(errors: Any) -> list[dict[str, str]]:
     return out
 
 
-def validation_failed(errors: Any) -> ApiError:
+def validation_failed(errors: Any, root: type[BaseModel] | None = None) -> ApiError:
     """A 422 whose message is the first field error and whose details list them all."""
-    details = field_errors(errors)
+    details = field_errors(errors, root)
     first = details[0] if details else {"field": "", "message": "invalid request"}
     message = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
     return ApiError(422, "validation_error", message, details)

@@ -34,7 +34,7 @@ def resolve_spec_init_from(spec: JobSpec, settings: Settings) -> JobSpec:
         ) from None
     except ValidationError as err:
         # The shape from config.json does not fit the layout (heads by tp, layers by pp).
-        raise validation_failed(err.errors()) from None
+        raise validation_failed(err.errors(), JobSpec) from None
     except OSError as err:
         raise ApiError(
             422,

@@ -5,25 +5,55 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from workers.storage.layout import JobLayout
 
 DEFAULT_STATE_DIR = Path(".shardline")
 
+# A database password shorter than this, or one of these placeholders (.env.example's
+# among them, compared case-insensitively), is refused at start.
+MIN_SECRET_CHARS = 16
+PLACEHOLDER_SECRETS = frozenset(
+    {"change-me", "changeme", "change_me", "password", "postgres", "secret", "shardline"}
+)
+
+
+def weak_secret(variable: str, value: str) -> str | None:
+    """Why `value` is no secret to deploy with (one line naming `variable`), or None."""
+    if value.strip().lower() in PLACEHOLDER_SECRETS:
+        problem = f"is the placeholder {value.strip()!r}"
+    elif len(value) < MIN_SECRET_CHARS:
+        problem = f"is shorter than {MIN_SECRET_CHARS} characters"
+    else:
+        return None
+    return f"{variable} {problem}: set a random one, e.g. `openssl rand -hex 24`"
+
 
 class Settings(BaseSettings):
     """Everything the control plane needs; the defaults run embedded on one machine."""
 
-    model_config = SettingsConfigDict(env_prefix="SHARDLINE_", extra="ignore")
+    # Errors leave out the values given: they may hold the database password.
+    model_config = SettingsConfigDict(
+        env_prefix="SHARDLINE_", extra="ignore", hide_input_in_errors=True
+    )
 
     # Where the embedded defaults (SQLite file, storage, admin token) live.
     state_dir: Path = DEFAULT_STATE_DIR
     # SQLAlchemy URL; empty means a SQLite file in state_dir.
     database_url: str = ""
+    # The database password, kept out of the URL so that any character works in it: it
+    # replaces database_url's password, URL-encoded (docker-compose.yml passes
+    # POSTGRES_PASSWORD this way). Placeholders and short ones are refused.
+    database_password: SecretStr | None = None
     # Ray cluster to use ("ray://..." or "host:port"); empty starts a local Ray instance.
     ray_address: str = ""
+    # Ray's own RAY_AUTH_TOKEN (no SHARDLINE_ prefix), read only to refuse a placeholder or
+    # short one for a cluster at ray_address: a local head uses a token file of its own.
+    ray_auth_token: SecretStr | None = Field(default=None, validation_alias="RAY_AUTH_TOKEN")
     # Logical CPUs of a local Ray instance, so several CPU ranks fit a small machine.
     ray_num_cpus: Annotated[int, Field(ge=1)] = 8
     # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
@@ -59,6 +89,35 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [Path(part) for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _refuse_weak_ray_token(self) -> Settings:
+        if self.ray_address and self.ray_auth_token is not None:
+            weak = weak_secret("RAY_AUTH_TOKEN", self.ray_auth_token.get_secret_value())
+            if weak:
+                raise ValueError(weak)
+        return self
+
+    @model_validator(mode="after")
+    def _insert_database_password(self) -> Settings:
+        if self.database_password is None:
+            return self
+        password = self.database_password.get_secret_value()
+        weak = weak_secret("SHARDLINE_DATABASE_PASSWORD (POSTGRES_PASSWORD in .env)", password)
+        if weak:
+            raise ValueError(weak)
+        if not self.database_url:
+            raise ValueError(
+                "SHARDLINE_DATABASE_PASSWORD is set but SHARDLINE_DATABASE_URL is not: "
+                "give the URL too, without its password"
+            )
+        try:
+            url = make_url(self.database_url)
+        except ArgumentError:
+            raise ValueError("SHARDLINE_DATABASE_URL is not a database URL") from None
+        # render_as_string URL-encodes the password (@, /, :, % and the rest).
+        self.database_url = url.set(password=password).render_as_string(hide_password=False)
+        return self
 
     @property
     def resolved_database_url(self) -> str:

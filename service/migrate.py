@@ -20,7 +20,8 @@ MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 def alembic_config(database_url: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", database_url)
+    # Alembic's config is a ConfigParser: a URL-encoded password's % must be doubled.
+    cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     cfg.attributes["configure_logging"] = False
     return cfg
 

@@ -18,7 +18,7 @@ from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
-from workers.contract.demand import RESOURCE_NAMES, bundle_resources, describe, job_demand
+from workers.contract.demand import RESOURCE_NAMES, bundle_resources, cluster_refusal, describe
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
 from workers.contract.spec import JobSpec
@@ -187,16 +187,13 @@ class RayRuntime:
         )
 
     def refusal(self, spec: JobSpec) -> str | None:
-        demand, total = job_demand(spec), self._total()
+        total = self._total()
         too_big = host_memory_refusal(spec, total.get("GPU", 0.0))
         if too_big is not None:
             return too_big
-        if any(demand[k] > total.get(k, 0.0) + 1e-9 for k in RESOURCE_NAMES):
-            return (
-                f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "
-                f"{describe(bundle_resources(spec))}) but the whole cluster has "
-                f"{describe(total)}; use fewer ranks or smaller resources"
-            )
+        never = cluster_refusal(spec, total)
+        if never is not None:
+            return never
         bundle = bundle_resources(spec)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         if not any(all(bundle.get(k, 0) <= n.get(k, 0) for k in bundle) for n in nodes):

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.cli import demo, hf, jobs, migrate, pausing, serve, train
+from api.cli import demo, hf, jobs, login, migrate, pausing, serve, train, watching
 from api.cli.tokens import tokens_app
 
 app = typer.Typer(
@@ -20,7 +20,11 @@ app.command()(train.train)
 app.command()(serve.serve)
 app.command()(migrate.migrate)
 app.command()(demo.demo)
+app.command()(login.login)
+app.command()(login.logout)
 app.command()(jobs.submit)
+app.command()(watching.follow)
+app.command()(watching.wait)
 app.command()(jobs.jobs)
 app.command()(jobs.status)
 app.command()(jobs.cancel)

@@ -2,34 +2,43 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.client import Client
+from api.client import Client, ShardlineError
+from api.credentials import NoCredentials, find_credentials
 from service.config import Settings
 from workers.contract.spec import JobSpec, describe_errors, load_spec
+from workers.contract.spec_errors import SpecFileError
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# soft_wrap: an error is one line however narrow the terminal, so it can be grepped.
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
+# Not typer envvars: the environment is read in find_credentials, so that an error can
+# say whether the token came from --token or SHARDLINE_TOKEN.
 UrlOption = Annotated[
     str | None,
     typer.Option(
-        "--url", envvar="SHARDLINE_URL", help="Server address (default http://127.0.0.1:8000)."
+        "--url",
+        help="Server address (default: SHARDLINE_URL, then `shardline login`'s, then "
+        "http://127.0.0.1:8000).",
     ),
 ]
 TokenOption = Annotated[
     str | None,
     typer.Option(
         "--token",
-        envvar="SHARDLINE_TOKEN",
-        help="API token (default: the admin token saved by `shardline serve`).",
+        help="API token (default: SHARDLINE_TOKEN, then `shardline login`'s, then the "
+        "admin token `shardline serve` saved in ./.shardline).",
     ),
 ]
 
@@ -58,24 +67,57 @@ def read_spec(path: Path) -> JobSpec:
         return load_spec(path)
     except FileNotFoundError:
         raise fail([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise fail([f"{path}: is a folder; give the spec file (FILE.yaml)"]) from None
     except ValidationError as err:
         raise fail([f"{path}: {line}" for line in describe_errors(err)]) from None
-    except (ValueError, OSError) as err:  # YAML syntax errors are ValueErrors
+    except SpecFileError as err:  # names the file, and the line and column for YAML
+        raise fail([str(err)]) from None
+    except UnicodeDecodeError:
+        raise fail([f"{path}: not a text file (a spec is YAML or JSON in UTF-8)"]) from None
+    except (ValueError, OSError) as err:
         raise fail([f"{path}: {err}"]) from None
 
 
 def client(url: str | None, token: str | None) -> Client:
-    """A client for the server, with the token from the option, env, or the admin file."""
-    settings = Settings()
-    if token is None:
-        token_file = settings.resolved_admin_token_file
-        if not token_file.is_file():
-            raise fail(
-                [
-                    f"no token: pass --token, set SHARDLINE_TOKEN, or run "
-                    f"`shardline serve` here first (it saves one to {token_file})"
-                ]
-            )
-        token = token_file.read_text().strip()
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return Client(url or os.environ.get("SHARDLINE_URL") or f"http://{host}:{settings.port}", token)
+    """A client for the server, its token from --token, SHARDLINE_TOKEN, `shardline login`'s
+    file or ./.shardline/admin-token; an authentication error names which."""
+    try:
+        found = find_credentials(url, token)
+    except NoCredentials as err:
+        raise fail([str(err)]) from None
+    except ValidationError as err:  # a SHARDLINE_* setting the service would refuse too
+        raise fail(settings_errors(err)) from None
+    return Client(found.url, found.token, token_source=found.source)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """The service's settings; a bad SHARDLINE_* value is one line per problem, exit 2."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as err:
+        raise fail(settings_errors(err)) from None
+
+
+def settings_errors(err: ValidationError) -> list[str]:
+    """One line per bad setting, named as its environment variable (values never shown:
+    they may be secrets)."""
+    lines = []
+    for e in err.errors():
+        name = "_".join(str(p) for p in e["loc"]).upper()
+        message = str(e["msg"]).removeprefix("Value error, ")
+        lines.append(f"SHARDLINE_{name}: {message}" if name else message)
+    return lines
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """Show API and connection errors as one line and exit 1, never a traceback."""
+    try:
+        yield
+    except ShardlineError as err:
+        raise fail([f"{err.code}: {err.message}"], code=1) from None
+    except httpx.TransportError as err:
+        raise fail(
+            [f"cannot reach the server ({err}); is `shardline serve` running?"], code=1
+        ) from None

@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console, fail, read_spec
-from api.cli.jobs import api_errors, follow_job
+from api.cli.common import api_errors, console, fail, read_spec
+from api.cli.watching import follow_job
+from api.credentials import default_url
 
 
 def demo(
@@ -18,8 +19,9 @@ def demo(
         Path, typer.Option(help="Embedded state (SQLite, storage, token).")
     ] = Path(".shardline"),
 ) -> None:
-    """Start the service (SQLite, local Ray), submit SPEC through the SDK, follow it to the
-    end, print its summary, and stop everything."""
+    """Start the service here, train SPEC to the end, then stop it.
+
+    SQLite and a local Ray head in STATE_DIR; the job goes through the SDK like any other."""
     from api.local_service import local_service
 
     spec = read_spec(spec_path)
@@ -27,6 +29,8 @@ def demo(
     with local_service(state_dir) as svc, api_errors(), svc.client() as client:
         console.print(f"Service up at {svc.url}; submitting {spec_path}")
         job = client.submit(spec)
+        # The page link while the server is up to show it; after the run it is stopped.
+        console.print(f"Watch it at {svc.url}/#/jobs/{job['id']} while it runs.", soft_wrap=True)
         final = follow_job(client, job["id"], job["steps"])
         summary = next(
             (e["data"] for e in client.events(job["id"]) if e["kind"] == "summary"), None
@@ -34,10 +38,11 @@ def demo(
         console.print(f"Job {final['id']} {final['state']} after {final['step']} steps")
         if summary is not None:
             typer.echo(json.dumps(summary, sort_keys=True))
-        console.print(
-            f"Job page: {svc.url}/#/jobs/{final['id']} (the status page; API: "
-            f"{svc.url}/v1/jobs/{final['id']}). Stopping the service ..."
-        )
+        console.print("Stopping the service ...")
+    console.print(
+        f"Stopped. The job is kept in {state_dir}/: `SHARDLINE_STATE_DIR={state_dir} "
+        f".venv/bin/shardline serve` shows it again at {default_url()}/#/jobs/{final['id']}.",
+        soft_wrap=True,
+    )
     if final["state"] != "SUCCEEDED":
         raise fail([f"job ended {final['state']}: {final.get('failure_reason')}"], code=1)
-    console.print("Stopped.")

@@ -16,8 +16,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from api.cli.common import TokenOption, UrlOption, client, console, fail
-from api.cli.jobs import api_errors
+from api.cli.common import TokenOption, UrlOption, api_errors, client, console, fail
 from workers.contract.data_access import DataAccess
 from workers.contract.hf_config import InitFromError, resolve_init_from
 from workers.contract.spec import JobSpec, describe_errors
@@ -95,22 +94,49 @@ def _export_through_api(
     console.print(f"exported job {job_id} to {out_dir}: {', '.join(names)}")
 
 
+# `shardline generate` samples unless told --greedy: greedy decoding of a small model
+# soon repeats itself. Seeded, so the same command gives the same text.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_P = 0.95
+
+
 def generate(
+    ctx: typer.Context,
     model: Annotated[
         Path, typer.Argument(metavar="MODEL", help="An exported folder or a checkpoint folder.")
     ],
     prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")],
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
     greedy: Annotated[
-        bool, typer.Option("--greedy", help="Always the most likely token (the default).")
+        bool,
+        typer.Option(
+            "--greedy",
+            help="Always take the most likely token instead of sampling (deterministic; "
+            "small models tend to repeat themselves).",
+        ),
     ] = False,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", min=1e-4, help="Sample at this temperature.")
-    ] = None,
+        float,
+        typer.Option(
+            "--temperature",
+            min=1e-4,
+            help="Sampling temperature: lower stays closer to the most likely tokens.",
+        ),
+    ] = DEFAULT_TEMPERATURE,
     top_p: Annotated[
-        float, typer.Option("--top-p", min=1e-4, max=1.0, help="Nucleus sampling mass.")
-    ] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampler.")] = 0,
+        float,
+        typer.Option(
+            "--top-p",
+            min=1e-4,
+            max=1.0,
+            help="Nucleus sampling: only the most likely tokens that together hold this "
+            "probability mass.",
+        ),
+    ] = DEFAULT_TOP_P,
+    seed: Annotated[
+        int,
+        typer.Option("--seed", help="Seed of the sampler: the same seed gives the same text."),
+    ] = 0,
     device: Annotated[
         str | None, typer.Option("--device", help="cpu or cuda (default: cuda if present).")
     ] = None,
@@ -118,9 +144,17 @@ def generate(
         bool, typer.Option("--ids", help="Print the new token ids as JSON instead of text.")
     ] = False,
 ) -> None:
-    """Continue a prompt with a trained model, in this process, with a KV cache."""
-    if greedy and temperature is not None:
-        raise fail(["choose --greedy or --temperature, not both"])
+    """Continue a prompt with a trained model, in this process, with a KV cache. Samples
+    (temperature 0.8, top-p 0.95, seeded by --seed) unless --greedy is given."""
+    # Given on the command line (or otherwise not left at the default). By the enum's
+    # name: typer may bring a click of its own, whose ParameterSource is another class.
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("temperature", "top_p")
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"
+    ]
+    if greedy and given:
+        raise fail([f"--greedy does not sample: drop {' and '.join(given)}"])
     import torch
 
     from workers.engine.generate import Sampling
@@ -132,11 +166,7 @@ def generate(
         loaded = load_local_model(model, where)
     except (OSError, ValueError, KeyError) as err:
         raise fail([f"{model}: {err}"]) from None
-    sampling = (
-        Sampling()
-        if temperature is None
-        else Sampling(greedy=False, temperature=temperature, top_p=top_p, seed=seed)
-    )
+    sampling = Sampling(greedy=greedy, temperature=temperature, top_p=top_p, seed=seed)
     prompt_ids = loaded.codec.encode(prompt)
     if not prompt_ids:
         raise fail(["--prompt is empty; give some text"])

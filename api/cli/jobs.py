@@ -3,39 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.table import Table
 
 from api.cli.common import (
     TokenOption,
     UrlOption,
+    api_errors,
     client,
     console,
-    fail,
     read_spec,
-    step_progress,
 )
-from api.client import TERMINAL_STATES, Client, ShardlineError
-
-
-@contextmanager
-def api_errors() -> Iterator[None]:
-    """Show API and connection errors as one line and exit 1, never a traceback."""
-    try:
-        yield
-    except ShardlineError as err:
-        raise fail([f"{err.code}: {err.message}"], code=1) from None
-    except httpx.TransportError as err:
-        raise fail(
-            [f"cannot reach the server ({err}); is `shardline serve` running?"], code=1
-        ) from None
+from api.cli.watching import end_with, follow_job
 
 
 def submit(
@@ -51,37 +33,7 @@ def submit(
         job = c.submit(spec, idempotency_key=idempotency_key)
         console.print(f"{job['id']}  {job['name']}  {job['state']}")
         if follow:
-            final = follow_job(c, job["id"], job["steps"])
-            if final["state"] != "SUCCEEDED":
-                raise fail(
-                    [
-                        f"job {final['id']} ended {final['state']}: "
-                        f"{final.get('failure_reason') or ''}"
-                    ],
-                    code=1,
-                )
-
-
-def follow_job(
-    c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
-) -> dict[str, Any]:
-    """A progress bar of the job's steps until it ends; returns the final job."""
-    with step_progress() as progress:
-        task = progress.add_task(job_id, total=steps, status="")
-        while True:
-            job = c.get(job_id)
-            metrics = job.get("latest_metrics") or {}
-            status = job["state"]
-            if "loss" in metrics:
-                status += f"  loss {metrics['loss']:.4f}"
-            if job.get("queue_reason") and job["state"] == "QUEUED":
-                status += f"  ({job['queue_reason']})"
-            progress.update(task, completed=job["step"], status=status)
-            if on_poll is not None:
-                on_poll(job)
-            if job["state"] in TERMINAL_STATES:
-                return job
-            time.sleep(1.0)
+            end_with(follow_job(c, job["id"], job["steps"]))
 
 
 def jobs(

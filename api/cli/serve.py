@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console
+from api.cli.common import console, load_settings
+from api.credentials import default_url
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,6 @@ def serve(
     signal.signal(signal.SIGINT, _exit_cleanly)
 
     from api.app import create_app
-    from service.config import Settings
     from service.db import Database
     from service.local_ray import LocalRay, start_local_ray
     from service.migrate import upgrade_to_head
@@ -40,7 +40,7 @@ def serve(
     from service.users import UserDirectory, bootstrap_admin
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    settings = load_settings(**overrides)
     url = settings.resolved_database_url
     upgrade_to_head(url)
     db = Database(url)
@@ -49,7 +49,9 @@ def serve(
         console.print(
             f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
             f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
-            "the CLI finds it)"
+            "the CLI finds it when run from this folder). To use the CLI from any folder:\n"
+            f"  shardline login --url {default_url(settings)} --token {token}",
+            soft_wrap=True,
         )
     local: LocalRay | None = None
     address = settings.ray_address

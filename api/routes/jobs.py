@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,7 +78,7 @@ def parse_spec(raw: bytes, content_type: str | None = None) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as err:
-        raise validation_failed(err.errors()) from None
+        raise validation_failed(err.errors(), JobSpec) from None
     except RecursionError:
         raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
     # The stored spec is read back by the scheduler, listings and workers: it must be JSON.
@@ -118,7 +119,21 @@ def _path_refusal(path: Path, access: DataAccess) -> str | None:
         return f"cannot be resolved ({type(err).__name__}); give an existing file or folder"
     if holds_private:
         return "holds the service's own state or storage, which is never data"
-    return access.refusal(real)
+    refused = access.refusal(real)
+    if refused is not None:
+        return refused
+    return _missing(path, real, access)
+
+
+def _missing(path: Path, real: Path, access: DataAccess) -> str | None:
+    """Why an allowed path cannot be read at all (the job would fail minutes later), or
+    None. A relative path is read from the server's working directory, as the worker does."""
+    relative = "" if path.is_absolute() else " (a relative path is read from the server's folder)"
+    if not real.exists():
+        return f"does not exist{relative}; give a file or folder inside the data roots"
+    if not os.access(real, os.R_OK | (os.X_OK if real.is_dir() else 0)):
+        return "is not readable by the server; check its permissions"
+    return None
 
 
 def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Settings) -> None:
@@ -310,7 +325,24 @@ def job_logs(
     """
     job = store.get(job_id, user)
     layout = settings.job_layout(job.id)
+    _check_rank(rank, job.spec, layout.log_ranks())
     path = layout.log_file(rank)
     if follow:
         return follow_response(store, user, job.id, path, tail)
     return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=layout.log_ranks())
+
+
+def _check_rank(rank: int, spec: dict[str, Any], logged: list[int]) -> None:
+    """A rank the job has (or had: an elastic job's logs outlive its shrinking); an
+    empty answer for a rank that never existed would look like a silent rank."""
+    par = spec.get("parallel", {})
+    world = int(par.get("dp", 1)) * int(par.get("tp", 1)) * int(par.get("pp", 1))
+    if rank < world or rank in logged:
+        return
+    raise ApiError(
+        422,
+        "validation_error",
+        f"rank: the job has {world} rank{'s' if world > 1 else ''} "
+        f"(0{f'-{world - 1}' if world > 1 else ''}); ask for one of those",
+        [{"field": "rank", "message": f"not one of the job's {world} ranks"}],
+    )

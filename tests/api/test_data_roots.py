@@ -7,15 +7,19 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
 
+from api.errors import ApiError
+from api.routes.jobs import check_data_path
 from service.config import Settings
 from service.db import Database
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
 from tests.support.server import RunningServer, run_server
+from workers.contract.spec import JobSpec
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +86,30 @@ def test_a_folder_of_text_inside_the_root_is_accepted(
 ) -> None:
     response = submit(server, {"source": "text", "path": f"{server[2]}/corpus"})
     assert response.status_code == 201, response.text
+
+
+def spec(data: dict[str, str]) -> JobSpec:
+    return JobSpec.model_validate({"name": "x", "data": data})
+
+
+def test_a_path_that_does_not_exist_is_refused_saying_how_it_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server reads a relative path from its own folder: run "the server" in tmp_path.
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(state_dir=tmp_path / ".shardline", data_roots=[tmp_path])
+    (tmp_path / "corpus").mkdir()
+    check_data_path(spec({"source": "text", "path": "corpus"}), settings)
+    for path, words in (
+        ("corpus/missing.txt", "does not exist (a relative path is read from the server's"),
+        (str(tmp_path / "gone.bin"), "does not exist; give a file or folder inside the data"),
+    ):
+        with pytest.raises(ApiError) as err:
+            check_data_path(spec({"source": "tokens", "path": path}), settings)
+        assert err.value.status == 422 and words in err.value.message, err.value.message
+        assert err.value.details == [{"field": "data.path", "message": ANY}]
+    with pytest.raises(ApiError, match=r"model\.init_from: no-such-folder does not exist"):
+        check_data_path(
+            JobSpec.model_validate({"name": "x", "model": {"init_from": "no-such-folder"}}),
+            settings,
+        )

@@ -91,6 +91,8 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert jobs.returncode == 0, jobs.stderr  # the CLI found the saved token by itself
         out = stop(first)
         assert token in out  # printed once, on first start
+        # With how to log the CLI in from any other folder.
+        assert f"shardline login --url http://127.0.0.1:{port} --token {token}" in out, out
         # With no job running, serve took its Ray head down with it.
         assert find_local_ray(state) is None and head_is_gone(head)
 

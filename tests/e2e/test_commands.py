@@ -19,6 +19,7 @@ from tests.e2e.conftest import Service, job_spec
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
+CHECKOUT = Path(__file__).parents[2]
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -37,9 +38,10 @@ def test_submit_follow_returns_when_the_job_ends_with_its_outcome(
     service: ServiceFactory, tmp_path: Path
 ) -> None:
     good = spec_file(tmp_path, job_spec("followed"))
-    # Valid at submit, fails in the worker: the token file does not exist.
+    # Valid at submit, fails in the worker: the token file is not a whole number of ids.
     doomed = job_spec("follow-fails")
-    doomed["data"] = {"source": "tokens", "path": str(tmp_path / "missing.bin")}
+    (tmp_path / "torn.bin").write_bytes(b"\x01\x02\x03")
+    doomed["data"] = {"source": "tokens", "path": str(tmp_path / "torn.bin")}
     doomed["fault_tolerance"] = {"max_failures": 0}
     bad = spec_file(tmp_path, doomed)
     with service() as svc, svc.running() as server, svc.client(server) as c:
@@ -53,7 +55,7 @@ def test_submit_follow_returns_when_the_job_ends_with_its_outcome(
 
         failed = cli("submit", bad, "--follow", env=env, cwd=tmp_path)
         assert failed.returncode == 1, failed.stderr
-        assert "ended FAILED" in failed.stderr and "missing.bin" in failed.stderr
+        assert "ended FAILED" in failed.stderr and "whole number" in failed.stderr
         assert c.get(failed.stdout.split()[0])["state"] == "FAILED"
 
 
@@ -76,3 +78,45 @@ def test_demo_runs_a_job_to_success_and_stops_everything(tmp_path: Path) -> None
     # It stopped the service and the Ray head it started.
     assert "Stopped." in demo.stdout
     assert leftover is None, "demo left its Ray head running"
+
+
+def readme_sdk_snippet() -> str:
+    """The README's Python SDK example, exactly as a reader would copy it."""
+    text = (CHECKOUT / "README.md").read_text()
+    section = text[text.index("### Python SDK") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
+def test_a_new_user_logs_in_once_and_runs_the_readme_example(
+    service: ServiceFactory, tmp_path: Path
+) -> None:
+    # Nothing from the test's environment: only the config home `login` writes to.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        logged = cli("login", "--url", server.url, "--token", svc.token, env=env, cwd=tmp_path)
+        assert logged.returncode == 0, logged.stderr
+
+        # A GPU example on this CPU-only cluster is refused at submit, saying so.
+        gpu = cli("submit", str(CHECKOUT / "examples" / "bench-1b.yaml"), env=env, cwd=tmp_path)
+        assert gpu.returncode == 1 and "this cluster has no GPUs" in gpu.stderr, gpu.stderr
+
+        # The README's SDK example as written, run from the checkout (its spec path is
+        # relative to it), finds the server and token through Client.from_env().
+        example = subprocess.run(
+            [sys.executable, "-c", readme_sdk_snippet()],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=CHECKOUT,
+            timeout=600,
+        )
+        assert example.returncode == 0, example.stderr
+        assert example.stdout.startswith("SUCCEEDED "), example.stdout
+        (job,) = c.list()["jobs"]
+        assert job["name"] == "demo" and job["step"] == job["steps"] == 40
+
+        waited = cli("wait", job["id"], env=env, cwd=tmp_path)
+        assert waited.returncode == 0, waited.stderr
+        assert waited.stdout.split()[:2] == [job["id"], "SUCCEEDED"]

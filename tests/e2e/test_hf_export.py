@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from tests.e2e.conftest import Service, wait_for
 from tests.support.hf_models import save_random_llama
 from workers.contract.spec import JobSpec
 from workers.engine.data import build_loader
 from workers.engine.local_model import load_local_model
-
-transformers = pytest.importorskip("transformers")
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
@@ -74,7 +73,12 @@ def test_init_from_train_export_load_and_generate(service: ServiceFactory, tmp_p
         assert done.returncode == 0, done.stderr
         checkpoint = Path(client.checkpoints(job["id"])[0]["path"])
 
-    assert {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    # A byte-level job: AutoTokenizer reads the export as the engine's byte codec, and
+    # config.json names no bos/eos (the codec has none, whatever init_from's config said).
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert tokenizer.encode("Grüße 😀", add_special_tokens=False) == list("Grüße 😀".encode())
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] is None
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
     ours = load_local_model(checkpoint, torch.device("cpu")).model.eval()
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -4,9 +4,14 @@ uninterrupted `shardline train` of the same spec."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import pytest
@@ -17,6 +22,7 @@ from workers.engine.launch import train_local
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 60
+SHARDLINE = str(Path(sys.executable).parent / "shardline")
 # Generous limits: a loaded 2-core machine is slow, and the assertions are about what
 # happened, not how fast.
 LIMIT_S = 300.0
@@ -42,9 +48,16 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
     train_local(JobSpec.model_validate(BODY), 4, on_metrics=reference.append)
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
+        # `shardline follow` in another terminal, through the pause and the resume.
+        env = {**os.environ, "SHARDLINE_URL": server.url, "SHARDLINE_TOKEN": svc.token}
+        follower = subprocess.Popen(
+            [SHARDLINE, "follow", job["id"]], env=env, stdout=PIPE, stderr=PIPE, text=True
+        )
         wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
         assert c.pause(job["id"])["state"] in ("PAUSING", "PAUSED")
         paused = wait_for(c, job["id"], lambda j: j["state"] == "PAUSED", LIMIT_S)
+        time.sleep(1.5)  # more than the follower's poll: it has seen PAUSED
+        assert follower.poll() is None, follower.communicate()
         assert leftovers(svc.ray_address, job["id"]) == {"actors": [], "placement_groups": []}
         checkpoints = c.checkpoints(job["id"])
         assert len(checkpoints) == 1, checkpoints
@@ -59,6 +72,8 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         metrics = c.metrics(job["id"])
         timeline = c.events(job["id"], after=0)
         events = [e["message"] for e in timeline]
+        _, followed = follower.communicate(timeout=60)
+        assert follower.returncode == 0, followed
 
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for got, want in zip(metrics, reference, strict=True):

@@ -158,9 +158,11 @@ def test_past_max_failures_the_job_fails_naming_the_cause_and_holds_nothing(
 def test_a_job_that_cannot_build_fails_at_once_without_retrying(
     service: ServiceFactory, tmp_path: Path
 ) -> None:
+    # It exists (a missing one is refused at submit) but holds no UTF-8 text.
+    (tmp_path / "binary-corpus.txt").write_bytes(b"\xff\xfe\x00\x9f" * 64)
     body = {
         **BODY,
-        "data": {"source": "text", "path": str(tmp_path / "no-such-corpus.txt")},
+        "data": {"source": "text", "path": str(tmp_path / "binary-corpus.txt")},
         "model": {"preset": "tiny", "seq_len": 32, "vocab_size": 256},
     }
     with service() as svc, svc.running() as server, svc.client(server) as c:
@@ -168,4 +170,4 @@ def test_a_job_that_cannot_build_fails_at_once_without_retrying(
         done = finished(c, job["id"])
     assert done["state"] == "FAILED" and done["restarts"] == 0, done
     assert "not retried" in done["failure_reason"]
-    assert "no-such-corpus" in done["failure_reason"] or "FileNotFound" in done["failure_reason"]
+    assert "no UTF-8 text found" in done["failure_reason"], done["failure_reason"]

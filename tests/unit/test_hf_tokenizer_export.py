@@ -1,17 +1,21 @@
-"""An export carries the job's tokenizer so transformers' AutoTokenizer reads it."""
+"""An export carries the job's tokenizer so transformers' AutoTokenizer reads it; a
+byte-level job's export carries the engine's byte codec as a tokenizer.json."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from workers.contract.data_access import DataAccess, DataAccessDenied
 from workers.contract.spec import JobSpec
 from workers.engine.hf_export import write_tokenizer
-
-transformers = pytest.importorskip("transformers")
+from workers.engine.tokenizer import ByteTokenizer
 
 
 def _tokenizer_file(folder: Path) -> Path:
@@ -27,8 +31,8 @@ def _tokenizer_file(folder: Path) -> Path:
     return folder / "tokenizer.json"
 
 
-def _spec(tokenizer: str) -> JobSpec:
-    return JobSpec.model_validate({"name": "t", "data": {"tokenizer": tokenizer}})
+def _spec(tokenizer: str, **data: Any) -> JobSpec:
+    return JobSpec.model_validate({"name": "t", "data": {"tokenizer": tokenizer, **data}})
 
 
 def test_exported_tokenizer_loads_with_autotokenizer(tmp_path: Path) -> None:
@@ -44,8 +48,46 @@ def test_exported_tokenizer_loads_with_autotokenizer(tmp_path: Path) -> None:
     assert auto.decode(expected) == text
 
 
-def test_byte_tokenizer_jobs_export_no_tokenizer_files(tmp_path: Path) -> None:
-    assert write_tokenizer(_spec("byte"), tmp_path, DataAccess()) == []
+# Every valid UTF-8 byte (1- to 4-byte characters) and the texts a user types.
+EVERY_CHARACTER = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000, 251)))
+TEXTS = [
+    "hello world",
+    " lead and trail ",
+    "é",
+    "naïve café",
+    "😀 🚀🇫🇷",
+    "a\nb\r\n\tc",
+    "",
+    "x  y",
+    "wait , what ? it 's so .",  # spaces a decode's clean-up would remove
+]
+
+
+def test_byte_tokenizer_jobs_export_the_byte_codec(tmp_path: Path) -> None:
+    written = write_tokenizer(_spec("byte"), tmp_path, DataAccess())
+    assert written == ["tokenizer.json", "tokenizer_config.json"]
+    side = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert side["tokenizer_class"] == "PreTrainedTokenizerFast"
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    codec = ByteTokenizer()
+    for text in [*TEXTS, EVERY_CHARACTER]:
+        ids = auto.encode(text, add_special_tokens=False)
+        assert ids == codec.encode(text), text[:40]
+        assert auto.decode(ids) == text, text[:40]
+    assert auto.all_special_ids == []
+    # Decoding what a model emits (any ids, invalid UTF-8, ids past the 256 bytes of a
+    # larger vocabulary) gives what the engine's codec gives.
+    rng = random.Random(0)
+    samples = [[i] for i in range(300)]
+    samples += [[rng.randrange(300) for _ in range(rng.randrange(1, 9))] for _ in range(500)]
+    for ids in samples:
+        assert auto.decode(ids) == codec.decode(ids), ids
+
+
+def test_pretokenized_jobs_export_no_tokenizer(tmp_path: Path) -> None:
+    # data.source 'tokens': the ids come from a tokenizer Shardline never saw.
+    spec = _spec("byte", source="tokens", path=str(tmp_path / "tokens.bin"))
+    assert write_tokenizer(spec, tmp_path, DataAccess()) == []
     assert list(tmp_path.iterdir()) == []
 
 

@@ -54,5 +54,26 @@ def describe(resources: Resources) -> str:
     )
 
 
+def cluster_refusal(spec: JobSpec, total: Resources) -> str | None:
+    """Why the whole cluster (`total`) could never hold the job, or None. A GPU job on a
+    cluster without GPUs is told so, not handed a count of CPUs."""
+    demand, ranks = job_demand(spec), spec.parallel.world_size
+    rank_s = f"{ranks} rank{'s' if ranks != 1 else ''}"
+    if demand["GPU"] > 0 and total.get("GPU", 0.0) <= 0:
+        return (
+            f"the job asks for {demand['GPU']:g} GPU (resources.gpus_per_worker="
+            f"{spec.resources.gpus_per_worker:g} x {rank_s}) but this "
+            "cluster has no GPUs; add GPU nodes, or leave resources.gpus_per_worker out to "
+            "train on CPUs"
+        )
+    if not fits(demand, total):
+        return (
+            f"the job needs {describe(demand)} ({spec.parallel.world_size} ranks x "
+            f"{describe(bundle_resources(spec))}) but the whole cluster has "
+            f"{describe(total)}; use fewer ranks or smaller resources"
+        )
+    return None
+
+
 def fits(demand: Resources, free: Resources) -> bool:
     return all(demand.get(k, 0) <= free.get(k, 0) + 1e-9 for k in RESOURCE_NAMES)

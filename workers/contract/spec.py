@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Annotated, Self
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from workers.contract.sections import (
@@ -34,6 +33,7 @@ from workers.contract.sections import (
     TrainSpec,
     _Strict,
 )
+from workers.contract.spec_errors import explain, parse_spec_text
 
 
 class JobSpec(_Strict):
@@ -168,10 +168,7 @@ def spec_hash(spec: JobSpec) -> str:
 def load_spec(path: str | Path) -> JobSpec:
     """Read a JobSpec from a YAML or JSON file."""
     text = Path(path).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a job spec is a mapping of fields, got {type(data).__name__}")
-    return JobSpec.model_validate(data)
+    return JobSpec.model_validate(parse_spec_text(text, path))
 
 
 def describe_errors(err: ValidationError) -> list[str]:
@@ -179,6 +176,6 @@ def describe_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         loc = ".".join(str(part) for part in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = explain(dict(e), e["loc"], JobSpec)
         lines.append(f"{loc}: {msg}" if loc else msg)
     return lines

@@ -4,8 +4,10 @@ Reads only the `model.*` tensors of the torch.distributed.checkpoint folder (wha
 layout wrote it: DCP assembles whole tensors from every rank's shards), converts names and
 the rotary order (workers/engine/hf_weights.py) and writes `config.json`,
 `model.safetensors` (or numbered shards with `model.safetensors.index.json` above
-`max_shard_bytes`) and the job's tokenizer files, so that
-`transformers.AutoModelForCausalLM.from_pretrained(folder)` loads it with no custom code.
+`max_shard_bytes`) and the job's tokenizer files (for a byte-level job, a tokenizer.json
+that encodes as the engine's byte codec does), so that
+`transformers.AutoModelForCausalLM.from_pretrained(folder)` and
+`transformers.AutoTokenizer.from_pretrained(folder)` load it with no custom code.
 
 Run as `python -m workers.engine.hf_export CHECKPOINT OUT_DIR` by the API, which must not
 import torch itself.
@@ -33,10 +35,12 @@ from workers.contract.hf_config import (
     llama_config,
     read_config,
 )
+from workers.contract.sections import DataSource
 from workers.contract.spec import JobSpec
 from workers.engine.checkpoint.tier import _reader
 from workers.engine.hf_weights import to_hf_state
 from workers.engine.model import ModelArgs
+from workers.engine.tokenizer import byte_tokenizer_json
 from workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,8 @@ log = logging.getLogger(__name__)
 # transformers' own default shard size for save_pretrained.
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 # Tokenizer files copied from beside the job's tokenizer.json, where they exist.
-_TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+_TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, "special_tokens_map.json")
 
 
 class ExportError(ValueError):
@@ -114,9 +119,16 @@ def write_safetensors(tensors: dict[str, torch.Tensor], out: Path, max_bytes: in
     return [*names, SAFETENSORS_INDEX]
 
 
+def _byte_codec(spec: JobSpec) -> bool:
+    """Whether the job's token ids are the engine's byte codec's (UTF-8 bytes): not for
+    data.source='tokens', whose ids come from a tokenizer Shardline never saw."""
+    return spec.data.tokenizer == "byte" and spec.data.source != DataSource.tokens
+
+
 def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int | None]:
-    """bos and eos ids from the config.json the job started from, where it had one."""
-    if spec.model.init_from is None:
+    """bos and eos ids from the config.json the job started from, where it had one; none
+    for the byte codec (it has no special tokens: an id there is a byte of the text)."""
+    if spec.model.init_from is None or _byte_codec(spec):
         return None, None
     try:
         config = read_config(Path(spec.model.init_from), access)
@@ -127,10 +139,27 @@ def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int 
     return (bos if isinstance(bos, int) else None), (eos if isinstance(eos, int) else None)
 
 
+def _tokenizer_config(spec: JobSpec) -> dict[str, Any]:
+    """What AutoTokenizer needs to wrap a bare tokenizer.json."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        # Decoding must give back the text as it was (no spaces removed before punctuation).
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": spec.model.resolved()["seq_len"],
+    }
+
+
 def write_tokenizer(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
-    """Copy the job's tokenizer.json (and its config files beside it); none for 'byte'."""
+    """Copy the job's tokenizer.json (and its config files beside it); for 'byte', write
+    the byte codec as a tokenizer.json. None for data.source='tokens' (no tokenizer known)."""
     if spec.data.tokenizer == "byte":
-        return []
+        if not _byte_codec(spec):
+            return []
+        (out / TOKENIZER).write_text(byte_tokenizer_json(), encoding="utf-8")
+        # The byte codec has no special tokens: no bos, eos, pad or unk to name.
+        side_config = json.dumps(_tokenizer_config(spec), indent=2)
+        (out / TOKENIZER_CONFIG).write_text(side_config, encoding="utf-8")
+        return [TOKENIZER, TOKENIZER_CONFIG]
     source = Path(spec.data.tokenizer)
     written = []
     with access.open(source, "data.tokenizer") as handle:
@@ -142,11 +171,9 @@ def write_tokenizer(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
             with access.open(side, "data.tokenizer") as handle:
                 (out / name).write_bytes(handle.read())
             written.append(name)
-    if "tokenizer_config.json" not in written:
-        # What AutoTokenizer needs to wrap a bare tokenizer.json.
-        side_config = {"tokenizer_class": "PreTrainedTokenizerFast"}
-        (out / "tokenizer_config.json").write_text(json.dumps(side_config), encoding="utf-8")
-        written.append("tokenizer_config.json")
+    if TOKENIZER_CONFIG not in written:
+        (out / TOKENIZER_CONFIG).write_text(json.dumps(_tokenizer_config(spec)), encoding="utf-8")
+        written.append(TOKENIZER_CONFIG)
     return written
 
 
@@ -172,6 +199,7 @@ def export_checkpoint(
     config = llama_config(resolved, bos_token_id=bos, eos_token_id=eos)
     # Read by `shardline generate`; transformers keeps unknown keys as plain attributes.
     config["shardline"] = {
+        # "byte": the engine's byte codec (tokenizer.json beside it encodes the same).
         "tokenizer": "byte" if spec.data.tokenizer == "byte" else TOKENIZER,
         "job": spec.name,
         "step": ckpt.step,

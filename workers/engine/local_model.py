@@ -46,7 +46,12 @@ def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
     model = _empty_model(args, device)
     load_init_from([model], folder, args)
     codec: Tokenizer
-    if (folder / TOKENIZER).is_file():
+    marker = config.get("shardline")
+    if isinstance(marker, dict) and marker.get("tokenizer") == "byte":
+        # Exported from a byte-level job (its tokenizer.json, where there is one, is this
+        # codec written out for transformers): the engine's own codec, as in training.
+        codec = ByteTokenizer()
+    elif (folder / TOKENIZER).is_file():
         codec = load_tokenizer(str(folder / TOKENIZER))
     elif args.vocab_size >= 256:
         codec = ByteTokenizer()

@@ -49,6 +49,40 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < BYTE_VOCAB_SIZE).decode("utf-8", errors="replace")
 
 
+def byte_level_chars() -> list[str]:
+    """The character that stands for each byte 0..255 in a `tokenizers` ByteLevel
+    vocabulary (GPT-2's table: printable Latin-1 bytes stand for themselves, the others for
+    the characters from U+0100 on, in byte order)."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars: list[str] = []
+    shifted = 0
+    for byte in range(BYTE_VOCAB_SIZE):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(BYTE_VOCAB_SIZE + shifted))
+            shifted += 1
+    return chars
+
+
+def byte_tokenizer_json() -> str:
+    """`ByteTokenizer` as a `tokenizers` tokenizer.json, for transformers' AutoTokenizer:
+    token id = UTF-8 byte, no special tokens, as `ByteTokenizer.encode` and `decode` do.
+
+    A BPE model with no merges over the 256 ByteLevel characters: the ByteLevel
+    pre-tokenizer (no prefix space, no regex split) turns every byte of the text into its
+    character, each character is one token, and the ByteLevel decoder turns them back into
+    bytes (invalid UTF-8 becomes U+FFFD, as in `ByteTokenizer.decode`)."""
+    from tokenizers import Tokenizer as _Tokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in enumerate(byte_level_chars())}
+    tok = _Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return str(tok.to_str(pretty=True))
+
+
 class HFTokenizer:
     """A `tokenizers` tokenizer.json read from local disk (never fetched from a hub)."""
 

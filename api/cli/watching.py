@@ -1,0 +1,119 @@
+"""Watching a job to its end: `shardline follow` (a progress bar) and `shardline wait`
+(for scripts). Both exit 0 only when the job SUCCEEDED."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from api.cli.common import (
+    TokenOption,
+    UrlOption,
+    api_errors,
+    client,
+    console,
+    fail,
+    step_progress,
+)
+from api.client import TERMINAL_STATES, Client
+
+# How long a follow rides out an unreachable server (a restart, an upgrade) before it
+# gives up; the job itself does not depend on the server being up.
+UNREACHABLE_GRACE_S = 120.0
+
+
+def follow(job_id: str, url: UrlOption = None, token: TokenOption = None) -> None:
+    """Show a job's progress until it ends; exit 0 only if it SUCCEEDED.
+
+    Follows through pauses and resumes; exits 1 if the job FAILED or was CANCELLED."""
+
+    with api_errors(), client(url, token) as c:
+        job = c.get(job_id)
+        final = follow_job(c, job["id"], job["steps"])
+    end_with(final)
+
+
+def wait(
+    job_id: str,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Give up after this many seconds (exit 124).")
+    ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Wait until a job ends, for scripts; exit 0 only if it SUCCEEDED.
+
+    Prints the end state; exits 1 if the job FAILED or was CANCELLED, 124 on --timeout."""
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with api_errors(), client(url, token) as c:
+        while True:
+            job = poll(c, job_id)
+            if job is not None and job["state"] in TERMINAL_STATES:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                state = job["state"] if job is not None else "unknown (server unreachable)"
+                raise fail([f"job {job_id} is still {state} after {timeout:g}s"], code=124)
+            time.sleep(1.0)
+    console.print(f"{job['id']}  {job['state']}  step {job['step']}/{job['steps']}")
+    end_with(job)
+
+
+def follow_job(
+    c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """A progress bar of the job's steps until it ends; returns the final job."""
+    with step_progress() as progress:
+        task = progress.add_task(job_id, total=steps, status="")
+        while True:
+            job = poll(c, job_id)
+            if job is None:
+                progress.update(task, status="server unreachable; retrying")
+                time.sleep(1.0)
+                continue
+            progress.update(task, completed=job["step"], status=describe(job))
+            if on_poll is not None:
+                on_poll(job)
+            if job["state"] in TERMINAL_STATES:
+                return job
+            time.sleep(1.0)
+
+
+_unreachable_since: dict[str, float] = {}
+
+
+def poll(c: Client, job_id: str) -> dict[str, Any] | None:
+    """The job, or None while the server is unreachable for less than the grace period
+    (then the connection error is raised, for api_errors to report)."""
+    try:
+        job = c.get(job_id)
+    except httpx.TransportError:
+        since = _unreachable_since.setdefault(job_id, time.monotonic())
+        if time.monotonic() - since > UNREACHABLE_GRACE_S:
+            raise
+        return None
+    _unreachable_since.pop(job_id, None)
+    return job
+
+
+def describe(job: dict[str, Any]) -> str:
+    """The job's state, loss and why it waits, for the progress bar."""
+    metrics = job.get("latest_metrics") or {}
+    status = str(job["state"])
+    if "loss" in metrics:
+        status += f"  loss {metrics['loss']:.4f}"
+    if job.get("queue_reason") and job["state"] == "QUEUED":
+        status += f"  ({job['queue_reason']})"
+    return status
+
+
+def end_with(job: dict[str, Any]) -> None:
+    """Return for a SUCCEEDED job; otherwise say how it ended and exit 1."""
+    if job["state"] == "SUCCEEDED":
+        return
+    reason = job.get("failure_reason")
+    raise fail([f"job {job['id']} ended {job['state']}" + (f": {reason}" if reason else "")], 1)

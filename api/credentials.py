@@ -1,0 +1,99 @@
+"""Where the CLI and the SDK find the server and the token, from any folder.
+
+In order: what the caller passed, SHARDLINE_URL / SHARDLINE_TOKEN, the file `shardline
+login` saved in the user's config folder, then the admin token `shardline serve` saved in
+./.shardline of the current folder. Each found token says where it came from, so an
+authentication error can name the file or variable to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.config import Settings
+
+URL_ENV = "SHARDLINE_URL"
+TOKEN_ENV = "SHARDLINE_TOKEN"
+
+
+class NoCredentials(Exception):
+    """No token anywhere the CLI and the SDK look; the message says where they looked."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    url: str
+    token: str
+    # Where the token came from, as a person would look for it ("SHARDLINE_TOKEN", a path).
+    source: str
+
+
+def config_file(environ: Mapping[str, str] = os.environ) -> Path:
+    """The user's saved login: $XDG_CONFIG_HOME/shardline/credentials.json (default
+    ~/.config)."""
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "shardline" / "credentials.json"
+
+
+def default_url(settings: Settings | None = None) -> str:
+    """The address a server on this machine's defaults (SHARDLINE_HOST/PORT) answers on."""
+    settings = settings or Settings()
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def find_credentials(
+    url: str | None = None, token: str | None = None, environ: Mapping[str, str] = os.environ
+) -> Credentials:
+    """The server and token to use; raises NoCredentials naming every place it looked."""
+    saved_file = config_file(environ)
+    saved = read_saved(saved_file)
+    url = url or environ.get(URL_ENV) or saved.get("url") or default_url()
+    if token:
+        return Credentials(url, token, "--token")
+    if environ.get(TOKEN_ENV):
+        return Credentials(url, environ[TOKEN_ENV], TOKEN_ENV)
+    if saved.get("token"):
+        return Credentials(url, saved["token"], str(saved_file))
+    admin_file = Settings().resolved_admin_token_file
+    if admin_file.is_file():
+        return Credentials(url, admin_file.read_text().strip(), str(admin_file))
+    raise NoCredentials(
+        f"no API token: pass --token, set {TOKEN_ENV}, run `shardline login --url URL`, or "
+        f"run from the folder where `shardline serve` runs (looked in {saved_file} and "
+        f"{admin_file})"
+    )
+
+
+def read_saved(path: Path) -> dict[str, str]:
+    """The saved login's fields ({} where there is none or it is unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if k in ("url", "token") and isinstance(v, str)}
+
+
+def save_credentials(url: str, token: str, path: Path) -> None:
+    """Write the login for this user only: folder 0700, file 0600, replaced atomically."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump({"url": url, "token": token}, out)
+    os.replace(tmp, path)
+
+
+def forget_credentials(path: Path) -> bool:
+    """Remove the saved login; False where there was none."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
