@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,35 @@ def test_a_job_larger_than_the_resource_quota_is_refused_at_submit(limited: Limi
     assert refused.status_code == 422
     assert refused.json()["error"]["code"] == "does_not_fit"
     assert "SHARDLINE_USER_MAX_CPUS" in refused.json()["error"]["message"]
+    # Exactly the quota (2 ranks x 2 CPU = 4) fits.
+    exact = {"name": "exact", "parallel": {"dp": 2}, "resources": {"cpus_per_worker": 2}}
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        assert http.post("/v1/jobs", json=exact, headers=headers).status_code == 201
+
+
+def test_a_limited_token_is_served_again_once_its_bucket_refills(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'refill.db'}"
+    upgrade_to_head(url)
+    settings = Settings(
+        database_url=url,
+        state_dir=tmp_path / "state",
+        # One request every 2 s after a burst of 3: the burst is sent well inside that.
+        rate_limit_per_s=0.5,
+        rate_limit_burst=3,
+    )
+    db = Database(url)
+    users = UserDirectory(db)
+    token = users.issue_token(users.ensure_user("refill"), "test").token
+    headers = {"Authorization": f"Bearer {token}"}
+    with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        assert [http.get("/v1/jobs", headers=headers).status_code for _ in range(3)] == [200] * 3
+        refused = http.get("/v1/jobs", headers=headers)
+        assert refused.status_code == 429
+        wait_s = int(refused.headers["Retry-After"])
+        assert 1 <= wait_s <= 2
+        time.sleep(wait_s + 0.1)  # as a client that obeys Retry-After
+        assert http.get("/v1/jobs", headers=headers).status_code == 200
+    db.dispose()
 
 
 def test_429_and_503_are_documented_with_retry_after(limited: LimitedServer) -> None:

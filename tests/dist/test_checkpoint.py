@@ -130,3 +130,31 @@ def test_keep_last_holds_and_only_committed_checkpoints_are_listed(
     # each rank checksummed its own shard file; rank 0 also the DCP metadata
     ranks = {name: entry["rank"] for name, entry in manifest["files"].items()}
     assert ranks == {".metadata": 0, "__0_0.distcp": 0, "__1_0.distcp": 1}
+
+
+@pytest.mark.parametrize("name", ["dp2-zero1", "dp2-tp2-zero1"])
+def test_a_corrupt_shard_checked_by_rank_1_is_skipped(
+    name: str, uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
+    """Each rank checks a share of the files; a bad one that rank 1 checks (not rank 0)
+    must still make every rank skip that checkpoint and restore the one before."""
+    source: Path = uninterrupted[name]["folder"]
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(source, folder)
+    newest = CheckpointStore(str(folder)).find(STEPS)
+    assert newest is not None
+    world = newest.manifest["world_size"]
+    checked_by_rank_1 = sorted(newest.manifest["files"])[1::world]
+    shard = folder / f"step-{STEPS:08d}" / checked_by_rank_1[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    shard.write_bytes(bytes(data))
+
+    metrics, events = train(layout_spec(SOURCES[name]), LocalCheckpoints(str(folder), resume=True))
+    skipped = f"checkpoint step {STEPS} skipped: {checked_by_rank_1[0]} has checksum"
+    assert any(e.startswith(skipped) for e in events), events
+    assert any(f"restored checkpoint step {SAVED}" in e for e in events), events
+    assert [m["step"] for m in metrics] == list(range(SAVED + 1, STEPS + 1))
+    want = uninterrupted[name]["losses"]
+    for m in metrics:
+        assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6), f"step {m['step']}"

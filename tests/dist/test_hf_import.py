@@ -25,7 +25,6 @@ from workers.engine.trainer import Trainer
 from workers.contract.hf_config import resolve_init_from
 from workers.contract.spec import JobSpec
 
-pytest.importorskip("transformers")
 
 SEQ = 24
 

@@ -4,7 +4,9 @@ fp16 survives an inf in its gradients."""
 from __future__ import annotations
 
 import math
+import shutil
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
 from workers.engine.dtensor import local_part
 from workers.engine.trainer import Trainer
+from workers.storage.checkpoints import RestoreSource
+from workers.storage.layout import CheckpointLocations
 
 
 def inside_a_mixed_precision_step(
@@ -109,3 +113,41 @@ def test_fp16_skips_a_step_with_an_inf_and_backs_off(one_rank_world: torch.devic
         assert torch.equal(value, weights_at[poisoned_step - 1][name]), name
     assert all(math.isfinite(m["loss"]) for m in metrics)
     assert by_step[12]["loss"] < by_step[1]["loss"]
+
+
+def test_fp16_resume_restores_the_loss_scaler(
+    one_rank_world: torch.device, tmp_path: Path
+) -> None:
+    """A step skipped for an inf before the checkpoint halves the scale and counts a skip;
+    a run resumed from that checkpoint goes on with the same scale, count and losses."""
+
+    def poison(step: int, parts: list[nn.Module]) -> None:
+        if step == 2:
+            grad = next(iter(parts[0].parameters())).grad
+            assert grad is not None
+            grad.view(-1)[0] = math.inf
+
+    spec = tiny_spec(precision="fp16", train={"steps": 6}, checkpoint={"every_steps": 3})
+
+    def trainer(folder: Path, resume: bool, **hooks: Any) -> tuple[Trainer, list[Any]]:
+        metrics: list[dict[str, Any]] = []
+        where = CheckpointLocations(
+            save_url=str(folder), restore_from=(RestoreSource(str(folder)),) if resume else ()
+        )
+        made = Trainer(spec, world_size=1, device=one_rank_world, checkpoints=where,
+                       on_metrics=metrics.append, **hooks)
+        return made, metrics
+
+    straight, whole = trainer(tmp_path / "straight", False, grad_hook=poison)
+    straight.train()
+    at_save = {m["step"]: m for m in whole}[3]
+    assert at_save["skipped_steps"] == 1 and at_save["loss_scale"] == 2.0**15
+    # Only the checkpoint of step 3 (the one of step 6 would leave nothing to train).
+    name = "step-00000003"
+    shutil.copytree(tmp_path / "straight" / name, tmp_path / "resumed" / name)
+    again, rest = trainer(tmp_path / "resumed", True)
+    again.train()
+    assert [m["step"] for m in rest] == [4, 5, 6]
+    for got, want in zip(rest, whole[3:], strict=True):
+        assert (got["loss_scale"], got["skipped_steps"]) == (want["loss_scale"], 1), got
+        assert got["loss"] == want["loss"], got["step"]

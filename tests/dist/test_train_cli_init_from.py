@@ -19,7 +19,6 @@ from workers.contract.data_access import DataAccess
 from workers.contract.hf_config import resolve_init_from
 from workers.contract.spec import load_spec
 
-pytest.importorskip("transformers")
 
 BIN = Path(sys.executable).parent
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from service.users import UserDirectory
 from tests.support.databases import fresh_database
 from tests.support.ray_head import running_ray_head
 from tests.support.server import RunningServer, run_server
-from workers.runtime.names import NAMESPACE, placement_group_name
+from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 
 
 @pytest.fixture(scope="session")
@@ -132,3 +134,59 @@ def state_moves(client: Client, job_id: str) -> list[tuple[str, str]]:
     return [
         (e["data"]["from"], e["data"]["to"]) for e in client.events(job_id) if e["kind"] == "state"
     ]
+
+
+def worker_pid(address: str, job_id: str, rank: int) -> int:
+    """The process of the actor training `rank` now: the newest attempt's actor that has
+    trained a step (a newer one may be an idle warm spare), never assumed attempt 1."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    pattern = re.compile(
+        r"-a(\d+)-".join(map(re.escape, worker_name(job_id, 0, rank).split("-a0-", 1))) + "$"
+    )
+    attempts = sorted(
+        (
+            int(m.group(1))
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if (m := pattern.match(a["name"]))
+        ),
+        reverse=True,
+    )
+    for attempt in attempts:
+        actor = ray.get_actor(worker_name(job_id, attempt, rank), namespace=NAMESPACE)
+        # Read in place: poll() would take the metrics and events meant for the supervisor.
+        found: Any = ray.get(
+            actor.__ray_call__.remote(lambda worker: (os.getpid(), worker._step)), timeout=60
+        )
+        pid, step = found
+        if step > 0:
+            return int(pid)
+    raise AssertionError(f"no actor of job {job_id} has trained rank {rank}: {attempts}")
+
+
+def resumed(
+    client: Client,
+    job_id: str,
+    *,
+    tier: str,
+    after_at_least: int,
+    lost_at_most: int | None,
+) -> dict[str, Any]:
+    """The job's one restore, asserted a real resume: after a step > 0 (at least
+    `after_at_least`), from `tier` ("memory" or "storage"), and where a recovery was
+    measured, the same step with at most `lost_at_most` steps trained again. A restore that
+    found nothing and began at step 0 fails here: equal losses cannot tell it apart."""
+    events = client.events(job_id, after=0)
+    said = "\n".join(e["message"] for e in events)
+    restores = [e["data"] for e in events if (e["data"] or {}).get("kind") == "restored"]
+    assert len(restores) == 1, said
+    (restore,) = restores
+    assert restore["step"] >= max(after_at_least, 1), said
+    assert restore["tier"] == tier, said
+    recoveries = [e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery"]
+    if lost_at_most is not None:
+        assert len(recoveries) == 1, said
+        assert recoveries[0]["restored_step"] == restore["step"], recoveries[0]
+        assert recoveries[0]["restored_tier"] == tier, recoveries[0]
+        assert 0 <= recoveries[0]["steps_lost"] <= lost_at_most, recoveries[0]
+    return restore

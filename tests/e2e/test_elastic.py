@@ -170,6 +170,7 @@ def test_node_lost_elastic_job_goes_on_at_half_and_grows_back(
         done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", LIMIT_S)
         metrics = c.metrics(job["id"])
         events = messages(c, job["id"])
+        timeline = [(e["data"] or {}) | {"message": e["message"]} for e in c.events(job["id"])]
     assert done["state"] == "SUCCEEDED"
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), events
     for got, want in zip(metrics, reference, strict=True):
@@ -177,3 +178,21 @@ def test_node_lost_elastic_job_goes_on_at_half_and_grows_back(
     # The last placement is at full size again, over both nodes.
     placements = [e for e in events if e.startswith("placement group ready")]
     assert placements[-1] == "placement group ready: 4 ranks on 2 node(s)", events
+    assert_resumed_after_shrink_and_growth(timeline)
+
+
+def assert_resumed_after_shrink_and_growth(timeline: list[dict[str, Any]]) -> None:
+    """Each restart resumed, never from step 0: the shrink from a checkpoint or snapshot
+    taken before the node was lost, the grow-back from the checkpoint it saved to grow."""
+    said = "\n".join(e["message"] for e in timeline)
+    kinds = [e.get("kind") for e in timeline]
+    restores = [e for e in timeline if e.get("kind") == "restored"]
+    assert len(restores) == 2, said
+    shrink, growth = restores
+    assert shrink["step"] > 0, said
+    back = next(
+        i for i, e in enumerate(timeline) if e["message"].startswith("elastic: capacity is back")
+    )
+    saved = [e for e in timeline[:back] if e.get("kind") == "checkpoint_committed"]
+    assert saved and growth["step"] == saved[-1]["step"] > shrink["step"], said
+    assert kinds.index("restored", back) > back, said

@@ -16,7 +16,7 @@ import pytest
 from api.client import Client, Forbidden
 from service.db import Database
 from service.users import UserDirectory
-from tests.e2e.conftest import Service, wait_for
+from tests.e2e.conftest import Service, resumed, wait_for
 from tests.support.server import RunningServer
 from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
@@ -24,6 +24,7 @@ from workers.storage.skipped_batches import SkippedBatches
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 24
+CHECKPOINT_EVERY = 2
 LIMIT_S = 300.0  # generous: a loaded 2-core machine is slow
 
 BODY: dict[str, Any] = {
@@ -38,7 +39,7 @@ BODY: dict[str, Any] = {
         "log_every": 1,
         "seed": 13,
     },
-    "checkpoint": {"every_steps": 2},
+    "checkpoint": {"every_steps": CHECKPOINT_EVERY},
     "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8, "max_nonfinite_skips": 1},
 }
 
@@ -98,6 +99,7 @@ def test_each_fault_kind_recovers_with_every_step_once(
         assert done["state"] == "SUCCEEDED", messages(c, job["id"])
         assert done["restarts"] == 1, messages(c, job["id"])
         assert_each_step_once_like(c, job["id"], reference)
+        resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=CHECKPOINT_EVERY)
         events = events_of(c, job["id"])
         admin.close()
     recoveries = [e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery"]
@@ -126,6 +128,7 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
         admin.inject_fault(job["id"], "nan", 1)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", messages(c, job["id"])
+        restore = resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=None)
         metrics = c.metrics(job["id"])
         events = events_of(c, job["id"])
         admin.close()
@@ -137,7 +140,8 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
     assert f"the loss of step {step} is not finite" in said[0]["message"]
     assert skips == [{"step": step, "batch": step}]
     rec = next(e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery")
-    assert rec["skipped"] == {"step": step, "batch": step} and rec["restored_step"] < step
+    assert rec["skipped"] == {"step": step, "batch": step}
+    assert rec["restored_step"] == restore["step"] < step
     # A rollback restarts the workers but spends none of the failure budget.
     assert (done["restarts"], done["failures"]) == (1, 0)
     assert done["steps_lost"] == rec["steps_lost"]

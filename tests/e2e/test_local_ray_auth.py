@@ -43,13 +43,16 @@ def test_a_state_dir_gets_a_private_token_of_its_own(
 
 
 def test_a_client_without_the_token_is_refused(ray_cluster: LocalRay, tmp_path: Path) -> None:
+    # Refused by Ray's authentication, not by any other crash on the way.
     refused = connect(ray_cluster, tmp_path, {})
     assert refused.returncode != 0 and "ran 42" not in refused.stdout
+    assert "ray.exceptions.AuthenticationError" in refused.stderr, refused.stderr[-2000:]
     stray = tmp_path / ".ray" / "auth_token"
     stray.parent.mkdir()
     stray.write_text("not-the-heads-token")
     wrong = connect(ray_cluster, tmp_path, {"RAY_AUTH_MODE": "token"})
     assert wrong.returncode != 0 and "ran 42" not in wrong.stdout
+    assert "ray.exceptions.AuthenticationError" in wrong.stderr, wrong.stderr[-2000:]
 
 
 def test_the_control_planes_way_in_works_despite_a_stray_default_token(

@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import resumed, wait_for, worker_pid
 from tests.e2e.test_recovery import (
     LIMIT_S,
     STEPS,
     ServiceFactory,
-    actor_pid,
     assert_trained_like,
     finished,
 )
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.runtime.names import worker_name
 
 MEMORY_EVERY = 3
 
@@ -39,7 +37,7 @@ BODY: dict[str, Any] = {
     },
     # No storage checkpoint before the last step: only a snapshot can save the run.
     "checkpoint": {"every_steps": 0, "memory_every_steps": MEMORY_EVERY},
-    "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8},
+    "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 120},
 }
 
 
@@ -58,11 +56,14 @@ def test_worker_killed_resumes_from_the_snapshot_in_memory(
         wait_for(c, job["id"], lambda j: j["step"] >= 8, LIMIT_S)
         snapshots = svc.settings.job_layout(job["id"]).snapshot_dir
         assert snapshots.is_dir()  # one host: the snapshots live here
-        os.kill(actor_pid(svc.ray_address, worker_name(job["id"], 1, 1)), signal.SIGKILL)
+        os.kill(worker_pid(svc.ray_address, job["id"], 1), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
-        assert done["restarts"] == 1
+        assert (done["restarts"], done["failures"]) == (1, 1)
         assert_trained_like(c, job["id"], reference)
+        # From host memory (no storage checkpoint exists before the end), after step 6
+        # at the earliest (killed at step 8 or later, snapshots every 3 steps).
+        resumed(c, job["id"], tier="memory", after_at_least=6, lost_at_most=MEMORY_EVERY)
         events = c.events(job["id"], after=0)
         checkpoints = c.checkpoints(job["id"])
     messages = [e["message"] for e in events]
