@@ -51,8 +51,9 @@ def wait(
 
     deadline = None if timeout is None else time.monotonic() + timeout
     with api_errors(), client(url, token) as c:
+        poll = Poller(c, job_id)
         while True:
-            job = poll(c, job_id)
+            job = poll()
             if job is not None and job["state"] in TERMINAL_STATES:
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -67,10 +68,11 @@ def follow_job(
     c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
     """A progress bar of the job's steps until it ends; returns the final job."""
+    poll = Poller(c, job_id)
     with step_progress() as progress:
         task = progress.add_task(job_id, total=steps, status="")
         while True:
-            job = poll(c, job_id)
+            job = poll()
             if job is None:
                 progress.update(task, status="server unreachable; retrying")
                 time.sleep(1.0)
@@ -83,21 +85,26 @@ def follow_job(
             time.sleep(1.0)
 
 
-_unreachable_since: dict[str, float] = {}
+class Poller:
+    """Reads a job again and again; rides out an unreachable server for up to
+    UNREACHABLE_GRACE_S (then the connection error is raised, for api_errors to report)."""
 
+    def __init__(self, c: Client, job_id: str) -> None:
+        self.c, self.job_id = c, job_id
+        self.unreachable_since: float | None = None
 
-def poll(c: Client, job_id: str) -> dict[str, Any] | None:
-    """The job, or None while the server is unreachable for less than the grace period
-    (then the connection error is raised, for api_errors to report)."""
-    try:
-        job = c.get(job_id)
-    except httpx.TransportError:
-        since = _unreachable_since.setdefault(job_id, time.monotonic())
-        if time.monotonic() - since > UNREACHABLE_GRACE_S:
-            raise
-        return None
-    _unreachable_since.pop(job_id, None)
-    return job
+    def __call__(self) -> dict[str, Any] | None:
+        """The job, or None while the server cannot be reached."""
+        try:
+            job = self.c.get(self.job_id)
+        except httpx.TransportError:
+            now = time.monotonic()
+            self.unreachable_since = self.unreachable_since or now
+            if now - self.unreachable_since > UNREACHABLE_GRACE_S:
+                raise
+            return None
+        self.unreachable_since = None
+        return job
 
 
 def describe(job: dict[str, Any]) -> str:

@@ -135,3 +135,11 @@ def test_a_bad_setting_is_one_line_naming_the_variable(
     }
     err = refused(run("serve", env=placeholder, cwd=tmp_path), "SHARDLINE_DATABASE_PASSWORD")
     assert "placeholder" in err and "openssl rand -hex 24" in err
+
+
+def test_wait_gives_up_after_its_timeout_with_124(user: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text("name: never-runs\n")  # no runtime here: stays QUEUED
+    job_id = run("submit", "job.yaml", env=user, cwd=tmp_path).stdout.split()[0]
+    waited = run("wait", job_id, "--timeout", "1", env=user, cwd=tmp_path)
+    assert waited.exit_code == 124, waited.stderr
+    assert f"job {job_id} is still QUEUED after 1s" in waited.stderr
