@@ -8,6 +8,7 @@ authentication error can name the file or variable to fix.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -52,14 +53,17 @@ def find_credentials(
     """The server and token to use; raises NoCredentials naming every place it looked."""
     saved_file = config_file(environ)
     saved = read_saved(saved_file)
-    url = url or environ.get(URL_ENV) or saved.get("url") or default_url()
+    # Read only where needed (a bad SHARDLINE_* setting must not stop an explicit URL and
+    # token), and then once.
+    settings = functools.cache(Settings)
+    url = url or environ.get(URL_ENV) or saved.get("url") or default_url(settings())
     if token:
         return Credentials(url, token, "--token")
     if environ.get(TOKEN_ENV):
         return Credentials(url, environ[TOKEN_ENV], TOKEN_ENV)
     if saved.get("token"):
         return Credentials(url, saved["token"], str(saved_file))
-    admin_file = Settings().resolved_admin_token_file
+    admin_file = settings().resolved_admin_token_file
     if admin_file.is_file():
         return Credentials(url, admin_file.read_text().strip(), str(admin_file))
     raise NoCredentials(
