@@ -144,23 +144,32 @@ def worker_pid(address: str, job_id: str, rank: int) -> int:
     pattern = re.compile(
         r"-a(\d+)-".join(map(re.escape, worker_name(job_id, 0, rank).split("-a0-", 1))) + "$"
     )
-    attempts = sorted(
-        (
-            int(m.group(1))
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if (m := pattern.match(a["name"]))
-        ),
-        reverse=True,
-    )
+    attempts = [
+        int(m.group(1))
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if (m := pattern.match(a["name"]))
+    ]
+    # Ask every attempt's actor at once and take the first that has trained: a newer one
+    # may be a warm spare still importing torch (its answer waits on that) or killed as the
+    # job ends, and only one attempt's actors train at a time (older ones are torn down).
+    # Read in place: poll() would take the metrics and events meant for the supervisor.
+    pending: list[ray.ObjectRef[Any]] = []
     for attempt in attempts:
-        actor = ray.get_actor(worker_name(job_id, attempt, rank), namespace=NAMESPACE)
-        # Read in place: poll() would take the metrics and events meant for the supervisor.
-        found: Any = ray.get(
-            actor.__ray_call__.remote(lambda worker: (os.getpid(), worker._step)), timeout=60
-        )
-        pid, step = found
-        if step > 0:
-            return int(pid)
+        try:
+            actor = ray.get_actor(worker_name(job_id, attempt, rank), namespace=NAMESPACE)
+        except ValueError:
+            continue  # gone since it was listed
+        pending.append(actor.__ray_call__.remote(lambda worker: (os.getpid(), worker._step)))
+    deadline = time.monotonic() + 60
+    while pending and (left := deadline - time.monotonic()) > 0:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                pid, step = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # a spare killed, or an old attempt's actor torn down
+            if step > 0:
+                return int(pid)
     raise AssertionError(f"no actor of job {job_id} has trained rank {rank}: {attempts}")
 
 
