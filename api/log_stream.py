@@ -45,12 +45,18 @@ async def _follow(
         job = await run_in_threadpool(store.get, job_id, user)
         if job.state in TERMINAL_STATES:
             # The job's workers are gone: what is in the file now is all there will be.
-            if text := _chunk(await run_in_threadpool(follower.rest)):
-                yield text
-            return
+            while True:
+                text = _chunk(await run_in_threadpool(follower.read))
+                if not follower.behind:
+                    text += _chunk(await run_in_threadpool(follower.rest))
+                if text:
+                    yield text
+                if not follower.behind:
+                    return
         if text := _chunk(await run_in_threadpool(follower.read)):
             yield text
-        await asyncio.sleep(POLL_S)
+        if not follower.behind:  # else read on at once: the reads are bounded, not the log
+            await asyncio.sleep(POLL_S)
 
 
 def _chunk(lines: list[str]) -> str:

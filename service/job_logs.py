@@ -10,27 +10,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 TAIL_BLOCK_BYTES = 64 * 1024
+# Bounds on what one request reads, whatever the log's size: a tail reads at most the last
+# TAIL_LIMIT_BYTES, a follow at most READ_LIMIT_BYTES per read, and a line longer than
+# LINE_LIMIT_BYTES is cut there (a worker that prints without newlines must not make the
+# API hold its whole output).
+TAIL_LIMIT_BYTES = 4 * 1024 * 1024
+READ_LIMIT_BYTES = 1024 * 1024
+LINE_LIMIT_BYTES = 64 * 1024
 
 
 def tail_lines(path: Path, count: int) -> list[str]:
     """The last `count` lines of a log (none if it does not exist yet, or count is 0).
 
-    Reads backwards from the end in blocks: the status page asks for a tail every few
-    seconds, and a long job's log can be large.
+    Reads backwards from the end in blocks, never more than TAIL_LIMIT_BYTES: the status
+    page asks for a tail every few seconds, and a long job's log can be large.
     """
     if count == 0 or not path.is_file():
         return []
     with path.open("rb") as f:
-        end = f.seek(0, 2)
-        data, start = b"", end
-        # One newline more than `count`, so the first line kept is whole.
-        while start > 0 and data.count(b"\n") <= count:
-            start = max(0, start - TAIL_BLOCK_BYTES)
-            f.seek(start)
-            data = f.read(end - start)
-    return _decode(data)[-count:] if start == 0 else _decode(data)[1:][-count:]
+        return _tail(f, f.seek(0, 2), count)
+
+
+def _tail(f: BinaryIO, end: int, count: int) -> list[str]:
+    """The last `count` lines of the file's first `end` bytes."""
+    data, start = b"", end
+    # One newline more than `count`, so the first line kept is whole.
+    while start > 0 and data.count(b"\n") <= count and end - start < TAIL_LIMIT_BYTES:
+        start = max(0, start - TAIL_BLOCK_BYTES, end - TAIL_LIMIT_BYTES)
+        f.seek(start)
+        data = f.read(end - start)
+    lines = _decode(data)
+    if start > 0 and len(lines) > 1:
+        lines = lines[1:]  # the first is cut, and there are whole ones after it
+    return lines[-count:]
 
 
 @dataclass
@@ -39,22 +54,32 @@ class LogFollower:
 
     Starts at the end of the last `tail` lines. A line still being written (no newline
     yet) waits for the next read; a file that shrank (rotated or replaced) is re-read from
-    its start.
+    its start. Each call reads at most READ_LIMIT_BYTES; `behind` says more is waiting.
     """
 
     path: Path
     offset: int = 0
     partial: bytes = b""
+    behind: bool = False
 
     def start(self, tail: int) -> list[str]:
         """The last `tail` lines now; later reads return what follows them."""
         if not self.path.is_file():
             return []
-        data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset = len(complete)
-        self.partial = b""
-        return _decode(complete)[-tail:] if tail else []
+        with self.path.open("rb") as f:
+            end = f.seek(0, 2)
+            # Whole lines only: follow from just after the last newline.
+            cut = end
+            while cut > 0 and end - cut < TAIL_LIMIT_BYTES:
+                block = max(0, cut - TAIL_BLOCK_BYTES)
+                f.seek(block)
+                newline = f.read(cut - block).rfind(b"\n")
+                if newline >= 0:
+                    cut = block + newline + 1
+                    break
+                cut = block
+            self.offset, self.partial = cut, b""
+            return _tail(f, cut, tail) if tail and cut else []
 
     def read(self) -> list[str]:
         if not self.path.is_file():
@@ -62,16 +87,20 @@ class LogFollower:
         size = self.path.stat().st_size
         if size < self.offset:
             self.offset, self.partial = 0, b""
+        self.behind = size - self.offset > READ_LIMIT_BYTES
         if size == self.offset:
             return []
         with self.path.open("rb") as f:
             f.seek(self.offset)
-            chunk = f.read(size - self.offset)
+            chunk = f.read(min(size - self.offset, READ_LIMIT_BYTES))
         self.offset += len(chunk)
         data = self.partial + chunk
         cut = data.rfind(b"\n") + 1
-        self.partial = data[cut:]
-        return _decode(data[:cut])
+        lines, self.partial = _decode(data[:cut]), data[cut:]
+        while len(self.partial) > LINE_LIMIT_BYTES:  # no newline in sight: send it in pieces
+            piece, self.partial = self.partial[:LINE_LIMIT_BYTES], self.partial[LINE_LIMIT_BYTES:]
+            lines.append(piece.decode("utf-8", errors="replace"))
+        return lines
 
     def rest(self) -> list[str]:
         """After the writer has stopped: new lines and a last line with no newline."""
