@@ -7,6 +7,7 @@ folder is a 422 naming the field, never a 500.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,20 @@ def test_bad_folders_and_disagreeing_fields_are_refused_by_name(
 ) -> None:
     folder = model_folder(backend, config)
     assert refused_field(user_client(), {"model": {"init_from": str(folder), **model}}) == field
+
+
+def test_a_huge_config_json_is_refused_quickly_without_reading_it(
+    backend: Backend, user_client: Callable[..., Client]
+) -> None:
+    folder = model_folder(backend)
+    with (folder / "config.json").open("wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: reading it all would take seconds and the memory
+    started = time.monotonic()
+    with pytest.raises(InvalidRequest) as caught:
+        user_client().submit({"name": "init", "model": {"init_from": str(folder)}})
+    assert time.monotonic() - started < 2.0
+    assert caught.value.details[0]["field"] == "model.init_from"
+    assert "larger than 1024 KiB" in caught.value.message
 
 
 def test_a_folder_outside_the_data_roots_is_refused(

@@ -18,6 +18,9 @@ from workers.contract.sections import INIT_FROM
 from workers.contract.spec import JobSpec
 
 CONFIG = "config.json"
+# Read on the API's request path: a config.json is a few KiB, and a bigger file is not
+# one (a huge one would hold the request and the server's memory).
+CONFIG_LIMIT_BYTES = 1024 * 1024
 TOKENIZER = "tokenizer.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -52,7 +55,13 @@ def read_config(folder: Path, access: DataAccess) -> dict[str, Any]:
             f"{folder} has no {CONFIG}; give a Hugging Face Llama folder (save_pretrained)",
         )
     with access.open(path, "model.init_from") as handle:
-        raw = handle.read()
+        raw = handle.read(CONFIG_LIMIT_BYTES + 1)
+    if len(raw) > CONFIG_LIMIT_BYTES:
+        raise InitFromError(
+            "model.init_from",
+            f"{path} is larger than {CONFIG_LIMIT_BYTES // 1024} KiB; a Llama config.json is "
+            "a few KiB (is it the right file?)",
+        )
     try:
         config = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
