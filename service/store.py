@@ -48,6 +48,11 @@ class IdempotencyConflict(StoreError):
     code = "idempotency_conflict"
 
 
+# What a repeated pause or resume finds when an earlier (or racing) request already did it.
+PAUSED_OR_PAUSING = (JobState.PAUSING, JobState.PAUSED)
+GOING_TO_RUN = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
+
+
 class IllegalTransition(StoreError):
     code = "illegal_transition"
 
@@ -225,27 +230,44 @@ class JobStore:
         return job
 
     def request_pause(self, job_id: str, viewer: Viewer, reason: str) -> Job:
-        """Ask a RUNNING job to checkpoint and free its workers (PAUSING, then PAUSED)."""
+        """Ask a RUNNING job to checkpoint and free its workers (PAUSING, then PAUSED).
+        Idempotent: a job already pausing or paused, by this request's racer or an
+        earlier one, is answered as it is."""
         job = self.get(job_id, viewer)
-        if job.state in (JobState.PAUSING, JobState.PAUSED):
+        if job.state in PAUSED_OR_PAUSING:
             return job
         if job.state != JobState.RUNNING:
             raise IllegalTransition(
                 f"job {job_id} is {job.state}; only a RUNNING job can be paused"
             )
-        return self.transition(job_id, JobState.PAUSING, reason, expected_version=job.version)
+        try:
+            return self.transition(job_id, JobState.PAUSING, reason, expected_version=job.version)
+        except ConcurrentUpdate:
+            if (now := self.get(job_id, viewer)).state in PAUSED_OR_PAUSING:
+                return now
+            raise
 
     def request_resume(self, job_id: str, viewer: Viewer, reason: str) -> Job:
-        """Queue a PAUSED job again; its new supervisor restores the pause's checkpoint."""
+        """Queue a PAUSED job again; its new supervisor restores the pause's checkpoint.
+        Idempotent: a job already on its way to run (queued again by a racer or an
+        earlier request, or never paused) is answered as it is."""
         job = self.get(job_id, viewer)
+        if job.state in GOING_TO_RUN:
+            return job
         if job.state != JobState.PAUSED:
             raise IllegalTransition(
                 f"job {job_id} is {job.state}; only a PAUSED job can be resumed"
+                + (" (wait for PAUSED)" if job.state == JobState.PAUSING else "")
             )
-        # The next supervisor numbers its progress from 1 again.
-        return self.transition(
-            job_id, JobState.QUEUED, reason, expected_version=job.version, reconciled_seq=0
-        )
+        try:
+            # The next supervisor numbers its progress from 1 again.
+            return self.transition(
+                job_id, JobState.QUEUED, reason, expected_version=job.version, reconciled_seq=0
+            )
+        except ConcurrentUpdate:
+            if (now := self.get(job_id, viewer)).state in GOING_TO_RUN:
+                return now
+            raise
 
     def restart_supervisor(
         self, job_id: str, reason: str, *, expected_version: int, failures: int

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import httpx
@@ -86,40 +88,48 @@ def test_same_key_with_another_body_is_a_conflict(backend: Backend) -> None:
 
 
 def _race(store: JobStore, job_id: str, version: int) -> dict[str, Any]:
-    """Two threads move one job, from the same read, to two different states at once.
+    """Two threads move one job, from the same read, to two different states at once."""
+    return _together(
+        store,
+        {
+            to.value: functools.partial(
+                store.transition, job_id, to, f"race to {to.value}", expected_version=version
+            )
+            for to in (JobState.STARTING, JobState.CANCELLING)
+        },
+    )
 
-    Both are held just before their UPDATE until the other gets there too, so the loser
-    is stopped by the compare-and-swap itself, not by an earlier read that saw the
+
+def _together(store: JobStore, calls: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each call in a thread of its own; what each returned (a job's state) or raised.
+
+    All are held just before their UPDATE until the others get there too, so the losers
+    are stopped by the compare-and-swap itself, not by an earlier read that saw the
     winner's commit.
     """
-    at_update = threading.Barrier(2, timeout=30)
+    at_update = threading.Barrier(len(calls), timeout=30)
     outcomes: dict[str, Any] = {}
 
     def hold_updates(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if statement.lstrip().upper().startswith("UPDATE JOBS"):
             at_update.wait()
 
-    def move(to: JobState) -> None:
+    def call(name: str) -> None:
         try:
-            outcomes[to.value] = store.transition(
-                job_id, to, f"race to {to.value}", expected_version=version
-            ).state
+            outcomes[name] = calls[name]().state
         except (ConcurrentUpdate, IllegalTransition, threading.BrokenBarrierError) as err:
-            outcomes[to.value] = err
+            outcomes[name] = err
 
     event.listen(store.db.engine, "before_cursor_execute", hold_updates)
     try:
-        threads = [
-            threading.Thread(target=move, args=(to,))
-            for to in (JobState.STARTING, JobState.CANCELLING)
-        ]
+        threads = [threading.Thread(target=call, args=(name,)) for name in calls]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
         event.remove(store.db.engine, "before_cursor_execute", hold_updates)
-    assert not at_update.broken, f"both threads did not reach the UPDATE: {outcomes}"
+    assert not at_update.broken, f"the threads did not all reach the UPDATE: {outcomes}"
     return outcomes
 
 
@@ -141,6 +151,43 @@ def test_two_concurrent_conflicting_transitions_exactly_one_wins(backend: Backen
             assert final.state == winners[0] and final.version == job.version + 1
             state_events = [e for e in store.events(job.id) if e.kind == "state"]
             assert len(state_events) == 1
+    finally:
+        db.dispose()
+
+
+def test_racing_pauses_and_racing_resumes_each_answer_with_the_one_move(
+    backend: Backend,
+) -> None:
+    db = Database(backend.url)  # a store of its own: the UPDATE hook must not hold the server
+    store = JobStore(db)
+    user = backend.users.ensure_user(backend.new_user()[0])
+    try:
+        job, _ = store.create(user, _spec())
+        store.transition(job.id, JobState.STARTING, "admitted")
+        store.transition(job.id, JobState.RUNNING, "trains")
+        pauses = {
+            f"pause {i}": functools.partial(store.request_pause, job.id, user, "p")
+            for i in range(3)
+        }
+        assert set(_together(store, pauses).values()) == {JobState.PAUSING}
+        store.transition(job.id, JobState.PAUSED, "checkpointed")
+        resumes = {
+            f"resume {i}": functools.partial(store.request_resume, job.id, user, "r")
+            for i in range(3)
+        }
+        assert set(_together(store, resumes).values()) == {JobState.QUEUED}
+        moves = [
+            (e.data["from"], e.data["to"])
+            for e in store.events(job.id)
+            if e.kind == "state" and e.data is not None
+        ]
+        assert moves == [
+            ("QUEUED", "STARTING"),
+            ("STARTING", "RUNNING"),
+            ("RUNNING", "PAUSING"),
+            ("PAUSING", "PAUSED"),
+            ("PAUSED", "QUEUED"),
+        ]
     finally:
         db.dispose()
 

@@ -56,6 +56,9 @@ def test_pause_and_resume_only_where_the_state_allows(user_client: Callable[...,
     job = c.submit({"name": "queued"})
     with pytest.raises(Conflict, match="only a RUNNING job can be paused"):
         c.pause(job["id"])
+    # A queued job is already going to run: a resume changes nothing and says so.
+    assert c.resume(job["id"]) == c.get(job["id"])
+    c.cancel(job["id"])
     with pytest.raises(Conflict, match="only a PAUSED job can be resumed"):
         c.resume(job["id"])
     with pytest.raises(NotFound):
