@@ -7,8 +7,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
-from api.schemas import ErrorBody
+from api.schemas import ErrorBody, FaultCreate
 from workers.contract.spec import JobSpec
 
 _WHY = {
@@ -32,8 +33,20 @@ _RETRY_AFTER = {
     }
 }
 
-# Where the JobSpec's schema lives; POST /v1/jobs refers to it.
-JOB_SPEC_REF = "#/components/schemas/JobSpec"
+# Bodies the routes read from raw bytes (api/bodies.py), so FastAPI does not see them:
+# their schemas are added to components here, and each route names its own.
+BODY_MODELS: tuple[type[BaseModel], ...] = (JobSpec, FaultCreate)
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The `openapi_extra` of a route that reads a `model` as its JSON body."""
+    ref = f"#/components/schemas/{model.__name__}"
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": ref}}},
+        }
+    }
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -49,8 +62,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def install_openapi(app: FastAPI) -> None:
-    """Build the document once, adding the JobSpec (read by the route from raw bytes, so
-    FastAPI does not see it) and its sections to components."""
+    """Build the document once, adding BODY_MODELS (read by their routes from raw bytes,
+    so FastAPI does not see them) and their sections to components."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -61,9 +74,10 @@ def install_openapi(app: FastAPI) -> None:
                 routes=app.routes,
             )
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(spec.pop("$defs", {}))
-            schemas["JobSpec"] = spec
+            for model in BODY_MODELS:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
             app.openapi_schema = document
         return app.openapi_schema
 

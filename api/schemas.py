@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from service.job_views import JobView
 from service.models import Checkpoint, Job, JobEvent
+from workers.contract.faults import FaultKind
+from workers.contract.scalars import refuse_coercion
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -212,3 +214,17 @@ def _steps(spec: Any) -> int:
         return int(spec.get("train", {}).get("steps", 0))
     except (AttributeError, TypeError, ValueError, OverflowError):
         return 0  # an unreadable stored spec: the job is listed, it just has no step count
+
+
+class FaultCreate(BaseModel):
+    """POST /v1/jobs/{id}/faults: which failure, on which rank."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FaultKind
+    rank: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+
+    @field_validator("rank", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return refuse_coercion({int}, value)  # "0" and true are not rank 0 or 1

@@ -7,15 +7,16 @@ is not finite) to check and measure how the job recovers (bench/recovery.py).
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from api.bodies import parse_body
 from api.deps import CurrentUser, RuntimeDep, StoreDep
 from api.errors import ApiError
-from api.openapi import error_responses
+from api.openapi import error_responses, request_body
+from api.schemas import FaultCreate
 from service.runtime import FaultNotDelivered
 from workers.contract.faults import FaultKind
 from workers.contract.lifecycle import JobState
@@ -28,11 +29,6 @@ router = APIRouter(
 )
 
 
-class FaultCreate(BaseModel):
-    kind: FaultKind
-    rank: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-
-
 class FaultPublic(BaseModel):
     job_id: str
     kind: FaultKind
@@ -40,15 +36,24 @@ class FaultPublic(BaseModel):
     message: str
 
 
-@router.post("/{job_id}/faults", status_code=202, response_model=FaultPublic)
+@router.post(
+    "/{job_id}/faults",
+    status_code=202,
+    response_model=FaultPublic,
+    openapi_extra=request_body(FaultCreate),
+    responses=error_responses(400, 415),
+)
 async def inject_fault(
-    job_id: str, fault: FaultCreate, user: CurrentUser, store: StoreDep, runtime: RuntimeDep
+    job_id: str, request: Request, user: CurrentUser, store: StoreDep, runtime: RuntimeDep
 ) -> FaultPublic:
     """Make rank `rank` of a RUNNING job fail: `kill` (its process dies), `hang` (its
     training stops), `raise` (its next step raises) or `nan` (its next loss is not
     finite). The job's events then show how it recovered."""
     if not user.is_admin:
         raise ApiError(403, "forbidden", "fault injection is for administrators only")
+    fault = parse_body(
+        await request.body(), request.headers.get("content-type"), FaultCreate, "a fault"
+    )
 
     def deliver() -> FaultPublic:
         job = store.get(job_id, user)

@@ -10,13 +10,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from api.bodies import parse_body
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep
-from api.errors import ApiError, validation_failed
+from api.errors import ApiError
 from api.init_from import resolve_spec_init_from
 from api.log_stream import follow_response
-from api.openapi import JOB_SPEC_REF, error_responses
+from api.openapi import error_responses, request_body
 from api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
@@ -46,41 +47,10 @@ router = APIRouter(
 # Databases compare with signed 64-bit integers; a larger bound overflows the driver.
 MAX_INT64 = 2**63 - 1
 
-_SPEC_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": JOB_SPEC_REF}}},
-    }
-}
-
 
 def parse_spec(raw: bytes, content_type: str | None = None) -> JobSpec:
     """Body bytes -> JobSpec, every failure a 4xx with the error shape."""
-    media_type = (content_type or "").split(";", 1)[0].strip().lower()
-    if media_type != "application/json":
-        raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"a job spec is sent as Content-Type: application/json, not {media_type or 'none'}",
-        )
-    try:
-        data: Any = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ApiError(400, "invalid_body", "the request body is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise ApiError(400, "invalid_json", f"the request body is not JSON: {err}") from None
-    except RecursionError:
-        raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ApiError(
-            422, "validation_error", f"a job spec is a JSON object, got {type(data).__name__}"
-        )
-    try:
-        spec = JobSpec.model_validate(data)
-    except ValidationError as err:
-        raise validation_failed(err.errors(), JobSpec) from None
-    except RecursionError:
-        raise ApiError(400, "invalid_json", "the request body is nested too deeply") from None
+    spec = parse_body(raw, content_type, JobSpec, "a job spec")
     # The stored spec is read back by the scheduler, listings and workers: it must be JSON.
     try:
         json.dumps(spec.model_dump(mode="json"), allow_nan=False).encode("utf-8")
@@ -163,7 +133,7 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
     "",
     status_code=201,
     response_model=JobPublic,
-    openapi_extra=_SPEC_BODY,
+    openapi_extra=request_body(JobSpec),
     responses={
         200: {"model": JobPublic, "description": "Idempotent replay"},
         **error_responses(400, 409, 413, 415, 429),

@@ -36,6 +36,21 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
         "validation_error",
     ),
     ("infinite float", b'{"name": "x", "train": {"lr": 1e999}}', "validation_error"),
+    (
+        "quoted number",
+        json.dumps({"name": "x", "train": {"steps": "10"}}).encode(),
+        "validation_error",
+    ),
+    (
+        "boolean count",
+        json.dumps({"name": "x", "parallel": {"dp": True}}).encode(),
+        "validation_error",
+    ),
+    (
+        "number switch",
+        json.dumps({"name": "x", "checkpoint": {"async_save": 1}}).encode(),
+        "validation_error",
+    ),
     ("null section", json.dumps({"name": "x", "model": None}).encode(), "validation_error"),
     ("bad enum", json.dumps({"name": "x", "precision": "fp64"}).encode(), "validation_error"),
     (
@@ -121,3 +136,36 @@ def test_unknown_route_and_method_use_the_error_shape(backend: Backend) -> None:
     wrong = httpx.delete(f"{backend.server.url}/healthz")
     assert wrong.status_code == 405
     assert wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b'{"kind": "kill", "rank": "0"}', "application/json", 422, "validation_error"),
+        (b'{"kind": "kill", "rank": true}', "application/json", 422, "validation_error"),
+        (b'{"kind": "kill", "rank": 0, "node": 1}', "application/json", 422, "validation_error"),
+        (b'{"kind": "kill", "rank": 0}', None, 415, "unsupported_media_type"),
+        (b'{"kind": "\xff"}', "application/json", 400, "invalid_body"),
+        (b"[1]", "application/json", 422, "validation_error"),
+    ],
+    ids=["quoted rank", "boolean rank", "unknown field", "no content type", "not utf-8", "list"],
+)
+def test_a_bad_fault_body_gets_the_status_and_shape_of_any_bad_body(
+    backend: Backend, body: bytes, content_type: str | None, status: int, code: str
+) -> None:
+    _, token = backend.new_user(admin=True)
+    headers = {"Authorization": f"Bearer {token}"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    submitted = httpx.post(
+        f"{backend.server.url}/v1/jobs",
+        json={"name": "target", "parallel": {"dp": 2}},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    response = httpx.post(
+        f"{backend.server.url}/v1/jobs/{submitted['id']}/faults", content=body, headers=headers
+    )
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code, response.text
+    if status == 422 and b"rank" in body and b"node" not in body:
+        assert response.json()["error"]["details"][0]["field"] == "rank"

@@ -218,6 +218,7 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     sup.inject_fault("raise", 1)
     assert workers.calls[-1] == "fault raise 1"
     assert events(sup)[-1].message == "fault injected: raise on rank 1"
+    sup.inject_fault("nan", 0)  # injected later, but rank 0 fails not: not the recovery's
     with pytest.raises(ValueError):
         sup.inject_fault("explode", 0)
     workers.script = [boom()]

@@ -10,9 +10,17 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from workers.contract.presets import PRESETS, ffn_hidden_dim
+from workers.contract.scalars import field_kinds, refuse_coercion
 
 # Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
 # instead of an out-of-memory crash hours later.
@@ -31,6 +39,14 @@ class _Strict(BaseModel):
     # allow_inf_nan=False: JSON has no Infinity or NaN, and a spec must survive the
     # database and every reader of it (one unreadable spec once stopped all scheduling).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_coercion(cls, value: Any, info: ValidationInfo) -> Any:
+        """A quoted number is no number, and true is not 1 (workers/contract/scalars.py)."""
+        if info.field_name is None:
+            return value
+        return refuse_coercion(field_kinds(cls, info.field_name), value)
 
     @field_validator("*", mode="after")
     @classmethod

@@ -223,6 +223,8 @@ class WorkerGroup:
 
     def inject_fault(self, rank: int, kind: str) -> None:
         """Deliver a chaos-test fault to one rank (it answers before a `kill` takes it)."""
+        if not self.actors:
+            raise ValueError("the job's workers are being replaced; send it once RUNNING again")
         if not 0 <= rank < len(self.actors):
             raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
         ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)

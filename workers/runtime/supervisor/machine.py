@@ -127,8 +127,7 @@ class JobSupervisor:
         if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
             raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
         self.workers.inject_fault(rank, fault.value)
-        self.recoveries.injected = f"{fault.value} on rank {rank}"
-        message = f"fault injected: {self.recoveries.injected}"
+        message = f"fault injected: {self.recoveries.inject(fault.value, rank)}"
         self.relay.event(Event(EventKind.FAULT_INJECTED, message, {"fault": kind, "rank": rank}))
 
     # -- the state machine -------------------------------------------------------------

@@ -70,15 +70,24 @@ class Recoveries:
 
     def __init__(self) -> None:
         self.current: Recovery | None = None
-        self.injected: str | None = None  # a fault injected since the last recovery
+        self.injected: list[tuple[str, int]] = []  # (kind, rank) since the last recovery
         self.nodes: list[str] = []  # each rank's node, as placed
+
+    def inject(self, kind: str, rank: int) -> str:
+        """Remember a fault delivered to `rank`; how events name it."""
+        self.injected.append((kind, rank))
+        return f"{kind} on rank {rank}"
 
     def open(
         self, cause: str, ranks: list[int], front_step: int, stalled_s: float = 0.0
     ) -> Recovery:
         nodes = sorted({self.nodes[r] for r in ranks if r < len(self.nodes)})
         self.current = Recovery(time.monotonic() - stalled_s, front_step, cause, ranks, nodes)
-        self.current.injected, self.injected = self.injected, None
+        # Name the faults injected on the ranks that failed; where none match (a rank the
+        # fault broke reported first), every fault injected since the last recovery.
+        named = [(k, r) for k, r in self.injected if r in ranks] or self.injected
+        self.current.injected = "; ".join(f"{k} on rank {r}" for k, r in named) or None
+        self.injected = []  # the next attempt's workers have none of them
         return self.current
 
     def observe(
