@@ -33,6 +33,18 @@ def spec(**sections: Any) -> JobSpec:
             "train.global_batch_size x model.seq_len",
         ),
         ({"model": {"dim": 65536, "n_layers": 1024, "n_heads": 64}}, "parameters, above"),
+        (
+            {"fault_tolerance": {"hang_timeout_s": 0.001}},
+            "fault_tolerance.hang_timeout_s: Input should be greater than or equal to 5",
+        ),
+        (
+            {"train": {"steps": 10**8}},
+            "train.steps: Input should be less than or equal to 10000000",
+        ),
+        (
+            {"data": {"val_fraction": 0}, "train": {"eval_every": 1}},
+            "data.val_fraction=0 holds out none; set val_fraction above 0",
+        ),
     ],
 )
 def test_absurd_requests_are_refused_naming_what_to_change(

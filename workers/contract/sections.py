@@ -25,7 +25,7 @@ from workers.contract.scalars import field_kinds, refuse_coercion
 # Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
 # instead of an out-of-memory crash hours later.
 MAX_DEGREE = 4096
-MAX_STEPS = 100_000_000
+MAX_STEPS = 10_000_000
 # About 8x the largest open models: beyond this a spec is a typo, not a plan.
 MAX_PARAMETERS = 4 * 10**12
 # Tokens in one micro-batch (activations scale with it) and in one optimizer step.
@@ -264,7 +264,9 @@ class ElasticSpec(_Strict):
 
 class FaultToleranceSpec(_Strict):
     max_failures: Annotated[int, Field(ge=0, le=1000)] = 3
-    hang_timeout_s: Annotated[float, Field(gt=0.0, le=86400.0)] = 600.0
+    # Below a few seconds a loaded host's ordinary pauses (a checkpoint, a collective
+    # after a slow rank) would read as hangs, and every step would fail.
+    hang_timeout_s: Annotated[float, Field(ge=5.0, le=86400.0)] = 600.0
     # A step whose loss is not finite rolls back to the newest snapshot and skips that
     # step's batch, at most this many times in the job's life (0: fail at once).
     max_nonfinite_skips: Annotated[int, Field(ge=0, le=1000)] = 3

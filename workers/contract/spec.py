@@ -134,6 +134,16 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_evaluation(self) -> Self:
+        if self.train.eval_every > 0 and self.data.val_fraction == 0:
+            raise ValueError(
+                f"train.eval_every={self.train.eval_every} evaluates on held-out data, but "
+                "data.val_fraction=0 holds out none; set val_fraction above 0 (e.g. 0.05) "
+                "or eval_every to 0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_init_from(self) -> Self:
         if self.data.tokenizer == INIT_FROM and self.model.init_from is None:
             raise ValueError(
