@@ -58,6 +58,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
     app.state.rate_limit = TokenBuckets(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.auth_failures = TokenBuckets(
+        settings.auth_failures_per_s, settings.auth_failures_burst
+    )
     app.state.quotas = UserQuotas(db, settings)
     install_error_handlers(app)
     install_openapi(app)

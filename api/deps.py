@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
@@ -37,17 +38,32 @@ async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def get_current_user(
+async def get_current_user(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
+    # Failed authentications are limited per address before any lookup: a flood of bad
+    # tokens is answered here, on the event loop, with no database read.
+    failures: TokenBuckets = request.app.state.auth_failures
+    address = request.client.host if request.client else "unknown"
+    if (wait_s := failures.wait(address)) > 0:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"too many requests with a missing or invalid token from {address}; retry after "
+            "the Retry-After seconds (the server's limit is SHARDLINE_AUTH_FAILURES_PER_S "
+            "and SHARDLINE_AUTH_FAILURES_BURST)",
+            headers=retry_after_header(wait_s),
+        )
     if credentials is None:
+        failures.take(address)
         raise ApiError(401, "unauthorized", "missing bearer token", headers=challenge)
     users: UserDirectory = request.app.state.users
     token_hash = hash_token(credentials.credentials)
-    user = users.authenticate_hash(token_hash)
+    user = await run_in_threadpool(users.authenticate_hash, token_hash)
     if user is None:
+        failures.take(address)
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=challenge)
     limiter: TokenBuckets = request.app.state.rate_limit
     wait_s = limiter.take(token_hash)

@@ -1,4 +1,5 @@
-"""Per-token rate limit: a token bucket for each live API token, in this process.
+"""Rate limits: a token bucket per key (an API token, or a client address for failed
+authentications), in this process.
 
 Each token may send `burst` requests at once and `rate_per_s` a second after that. The
 buckets live in memory, so with several API replicas each enforces the limit on its own.
@@ -44,19 +45,29 @@ class TokenBuckets:
         return self.rate_per_s > 0
 
     def take(self, key: str) -> float:
+        return self._spend(key, spend=True)
+
+    def wait(self, key: str) -> float:
+        """What take(key) would answer, spending nothing: for limits counted only on some
+        outcomes (a failed authentication) but checked before every request."""
+        return self._spend(key, spend=False)
+
+    def _spend(self, key: str, *, spend: bool) -> float:
         if not self.enabled:
             return 0.0
         now = self.clock()
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
+                if not spend:
+                    return 0.0  # a full bucket, not worth keeping
                 if len(self._buckets) >= self.max_buckets:
                     self._drop_full(now)
                 bucket = self._buckets[key] = _Bucket(self.burst, now)
             bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.stamp) * self.rate_per_s)
             bucket.stamp = now
             if bucket.tokens >= 1.0:
-                bucket.tokens -= 1.0
+                bucket.tokens -= 1.0 if spend else 0.0
                 return 0.0
             return (1.0 - bucket.tokens) / self.rate_per_s
 

@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     # polls needs; 0 turns the limit off. Over it: 429 with Retry-After.
     rate_limit_per_s: Annotated[float, Field(ge=0)] = 100.0
     rate_limit_burst: Annotated[int, Field(ge=1)] = 1000
+    # Requests with a missing, invalid or revoked token, per client address: over this,
+    # 429 before the token is even looked up (each lookup is a database read), so a flood
+    # of bad tokens cannot slow everyone else. 0 turns it off. Behind a proxy every
+    # client has the proxy's address: raise it there, or let the proxy limit.
+    auth_failures_per_s: Annotated[float, Field(ge=0)] = 5.0
+    auth_failures_burst: Annotated[int, Field(ge=1)] = 100
     # Per-user quotas (admins included); 0 means no limit. Queued jobs over the limit are
     # refused at submit (429); jobs that would take a user's running jobs past the CPU or
     # GPU quota stay QUEUED with a queue_reason naming the quota.

@@ -1,4 +1,5 @@
-"""Per-token rate limit and per-user quotas, on a real server over SQLite and PostgreSQL."""
+"""Per-token rate limit, the limit on failed authentications per address, and per-user
+quotas, on a real server over SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -131,6 +132,50 @@ def test_a_limited_token_is_served_again_once_its_bucket_refills(tmp_path: Path)
         assert 1 <= wait_s <= 2
         time.sleep(wait_s + 0.1)  # as a client that obeys Retry-After
         assert http.get("/v1/jobs", headers=headers).status_code == 200
+    db.dispose()
+
+
+def test_bad_tokens_from_one_address_get_429_before_any_lookup(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'failures.db'}"
+    upgrade_to_head(url)
+    settings = Settings(
+        database_url=url,
+        state_dir=tmp_path / "state",
+        auth_failures_per_s=0.001,  # no refill while the test runs
+        auth_failures_burst=5,
+    )
+    db = Database(url)
+    users = UserDirectory(db)
+    good = {"Authorization": f"Bearer {users.issue_token(users.ensure_user('ok'), 't').token}"}
+    bad = {"Authorization": "Bearer not-a-token"}
+    looked_up: list[str] = []
+    authenticate = UserDirectory.authenticate_hash
+
+    def counted(self: UserDirectory, token_hash: str) -> object:
+        looked_up.append(token_hash)
+        return authenticate(self, token_hash)
+
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        run_server(settings) as server,
+        httpx.Client(base_url=server.url, timeout=30) as http,
+    ):
+        patch.setattr(UserDirectory, "authenticate_hash", counted)
+        # A good token is no failure and spends nothing.
+        assert http.get("/v1/jobs", headers=good).status_code == 200
+        statuses = [http.get("/v1/jobs", headers=bad).status_code for _ in range(4)]
+        statuses.append(http.get("/v1/jobs").status_code)  # no token at all counts too
+        assert statuses == [401] * 5
+        lookups = len(looked_up)
+        refused = [http.get("/v1/jobs", headers=bad) for _ in range(20)]
+        assert {r.status_code for r in refused} == {429}
+        assert len(looked_up) == lookups, "a refused request still read the database"
+        assert "SHARDLINE_AUTH_FAILURES_PER_S" in refused[0].json()["error"]["message"]
+        assert int(refused[0].headers["Retry-After"]) >= 1
+        # The address is held back whatever token it sends, until its bucket refills.
+        assert http.get("/v1/jobs", headers=good).status_code == 429
+        # Health checks need no token and are never held back.
+        assert http.get("/healthz").status_code == 200
     db.dispose()
 
 
