@@ -18,15 +18,16 @@ changes nothing. Ray reads its authentication settings when it is first imported
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -70,6 +71,9 @@ class LocalRay:
     auth_token: Path
     # The embedded head is loopback-only; a test cluster that takes other nodes is not.
     loopback: bool = True
+    # Ray's temp dir (sockets, session logs) lives in this folder, private to this user
+    # (0700, a random name) and removed when the head is stopped.
+    private_dir: Path | None = None
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -97,6 +101,8 @@ class LocalRay:
         """Stop the head and every Ray process it started (all share its session)."""
         stop_session(self.pid, grace_s)
         self.record.unlink(missing_ok=True)
+        if self.private_dir is not None:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
         log.info("stopped local Ray head %s", self.address)
 
 
@@ -150,10 +156,11 @@ def _listening(address: str) -> bool:
         return False
 
 
-def _temp_dir(state_dir: Path) -> Path:
-    # Ray puts unix sockets under its temp dir; keep the path short (sockets max ~107 chars).
-    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:10]
-    return Path("/tmp") / f"shardline-ray-{digest}"
+def _private_dir() -> Path:
+    """A new folder for Ray's temp dir: only this user may enter it (Ray makes its own
+    folders 0777 and its logs 0644), its name is not guessable, and its path is short
+    (Ray puts unix sockets under it, and a socket path has at most ~107 characters)."""
+    return Path(tempfile.mkdtemp(prefix="shardline-ray-", dir="/tmp"))
 
 
 def find_local_ray(state_dir: Path) -> LocalRay | None:
@@ -162,12 +169,14 @@ def find_local_ray(state_dir: Path) -> LocalRay | None:
     if not record.is_file():
         return None
     data = json.loads(record.read_text())
+    private = data.get("private_dir")
     head = LocalRay(
         data["address"],
         int(data["pid"]),
         record,
         _auth_token(state_dir),
         data.get("loopback", True),
+        Path(private) if private else None,
     )
     if _alive(head.pid) and _listening(head.address):
         return head
@@ -186,6 +195,7 @@ def start_local_ray(
         return existing
     port = free_port()
     address = f"127.0.0.1:{port}"
+    private = _private_dir()
     ray_bin = Path(sys.executable).parent / "ray"
     log_dir = state_dir / "ray"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -200,11 +210,14 @@ def start_local_ray(
         "--disable-usage-stats",
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         "--node-ip-address=127.0.0.1",
-        f"--temp-dir={_temp_dir(state_dir)}",
+        f"--temp-dir={private / 'ray'}",
+        # Not Ray's fixed 10001: two heads on one host would both listen there and split
+        # the ray:// connections between their clusters.
+        f"--ray-client-server-port={free_port()}",
     ]
     token = _auth_token(state_dir)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
-    head = LocalRay(address, 0, log_dir / "head.json", token, loopback)
+    head = LocalRay(address, 0, log_dir / "head.json", token, loopback, private)
     env.update(head.auth_env)
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(
@@ -222,6 +235,10 @@ def start_local_ray(
             head.stop()
             raise RuntimeError(f"local Ray head did not start; see {log_dir / 'head.log'}")
         time.sleep(0.3)
-    head.record.write_text(json.dumps({"address": address, "pid": proc.pid, "loopback": loopback}))
+    head.record.write_text(
+        json.dumps(
+            {"address": address, "pid": proc.pid, "loopback": loopback, "private_dir": str(private)}
+        )
+    )
     log.info("started local Ray head %s with %d logical CPUs", address, num_cpus)
     return head

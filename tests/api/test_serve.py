@@ -81,6 +81,10 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert (state / "shardline.db").is_file()
         head = find_local_ray(state)
         assert head is not None, "serve started no local Ray head"
+        # Ray's sockets and session logs: in a folder of a random name only we may enter.
+        assert head.private_dir is not None and head.private_dir.name != "shardline-ray"
+        assert stat.S_IMODE(head.private_dir.stat().st_mode) == 0o700
+        assert (head.private_dir / "ray").is_dir()
         jobs = subprocess.run(
             [SHARDLINE, "jobs"],
             cwd=tmp_path,
@@ -93,8 +97,9 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert token in out  # printed once, on first start
         # With how to log the CLI in from any other folder.
         assert f"shardline login --url http://127.0.0.1:{port} --token {token}" in out, out
-        # With no job running, serve took its Ray head down with it.
+        # With no job running, serve took its Ray head down with it, and its temp dir.
         assert find_local_ray(state) is None and head_is_gone(head)
+        assert not head.private_dir.exists()
 
     with serving(tmp_path, port) as second:
         headers = {"Authorization": f"Bearer {token}"}

@@ -22,6 +22,9 @@ class _Echo:
         return "pong"
 
 
+RAY_CLIENT_DEFAULT_PORT = 10001
+
+
 def _loopback(ip: str) -> bool:
     address = ipaddress.ip_address(ip)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
@@ -63,3 +66,5 @@ def test_every_port_of_the_embedded_head_is_on_loopback(ray_cluster: LocalRay) -
     assert {"gcs_server", "raylet"} <= names, listening
     exposed = sorted(s for s in listening if not _loopback(s[1]))
     assert exposed == [], f"listening beyond loopback: {exposed}"
+    # Ray's fixed Ray Client port is not taken: a second head on the host would share it.
+    assert RAY_CLIENT_DEFAULT_PORT not in {port for _, _, port in listening}, listening

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from typing import Any
 
 import pytest
@@ -56,6 +57,9 @@ def test_worker_killed_resumes_from_the_snapshot_in_memory(
         wait_for(c, job["id"], lambda j: j["step"] >= 8, LIMIT_S)
         snapshots = svc.settings.job_layout(job["id"]).snapshot_dir
         assert snapshots.is_dir()  # one host: the snapshots live here
+        # The model's whole state in host memory: no other local user may enter.
+        assert stat.S_IMODE(snapshots.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(snapshots.stat().st_mode) == 0o700
         os.kill(worker_pid(svc.ray_address, job["id"], 1), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))

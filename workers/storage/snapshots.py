@@ -34,6 +34,18 @@ def default_snapshot_root() -> Path:
     return base / "shardline-snapshots"
 
 
+def private_snapshot_dir(folder: Path) -> Path:
+    """A job's snapshot folder, made where missing, inside a root only this user may enter
+    (0700): a snapshot is the model's whole state, and files written under /dev/shm are
+    otherwise readable by every local user."""
+    root = folder.parent
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if root.stat().st_uid == os.getuid():
+        os.chmod(root, 0o700)  # also where an older version made it 0755
+    folder.mkdir(exist_ok=True, mode=0o700)
+    return folder
+
+
 def remove_snapshot_dir(folder: Path) -> bool:
     """Remove one job's snapshots on this node; whether there were any."""
     if not folder.exists():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from workers.contract.events import Event
@@ -21,6 +22,7 @@ from workers.engine.checkpoint.state import JsonState, TensorState
 from workers.engine.checkpoint.tier import CheckpointTier, CommitSink, EventSink
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 from workers.storage.layout import CheckpointLocations
+from workers.storage.snapshots import private_snapshot_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class CheckpointManager:
             on_commit=on_commit,
         )
         if where.snapshot_url:
+            private_snapshot_dir(Path(where.snapshot_url))
             self.memory = CheckpointTier(
                 CheckpointStore(where.snapshot_url),
                 keep_last=KEEP_SNAPSHOTS,
