@@ -211,9 +211,10 @@ def start_local_ray(
         f"--object-store-memory={OBJECT_STORE_BYTES}",
         "--node-ip-address=127.0.0.1",
         f"--temp-dir={private / 'ray'}",
-        # Not Ray's fixed 10001: two heads on one host would both listen there and split
-        # the ray:// connections between their clusters.
+        # Not Ray's fixed ports (10001, 52365): two heads on one host would both listen
+        # there and split the ray:// connections between their clusters.
         f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
     ]
     token = _auth_token(state_dir)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}

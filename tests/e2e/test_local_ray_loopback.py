@@ -1,14 +1,18 @@
 """The embedded Ray head listens on loopback only: every TCP port of every process it
-started (GCS, raylet, object manager, workers, agents, Ray Client server)."""
+started (GCS, raylet, object manager, workers, agents, Ray Client server), and of a job's
+ranks (torch's rendezvous store, gloo)."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import psutil
 import ray
 
 from service.local_ray import LocalRay, session_members
+from tests.e2e.conftest import Service, job_spec, wait_for, worker_pid
 
 
 @ray.remote(num_cpus=0.1)
@@ -22,7 +26,7 @@ class _Echo:
         return "pong"
 
 
-RAY_CLIENT_DEFAULT_PORT = 10001
+RAY_FIXED_PORTS = {10001, 52365}  # the Ray Client server's and the dashboard agent's
 
 
 def _loopback(ip: str) -> bool:
@@ -66,5 +70,30 @@ def test_every_port_of_the_embedded_head_is_on_loopback(ray_cluster: LocalRay) -
     assert {"gcs_server", "raylet"} <= names, listening
     exposed = sorted(s for s in listening if not _loopback(s[1]))
     assert exposed == [], f"listening beyond loopback: {exposed}"
-    # Ray's fixed Ray Client port is not taken: a second head on the host would share it.
-    assert RAY_CLIENT_DEFAULT_PORT not in {port for _, _, port in listening}, listening
+    # Ray's fixed ports are not taken: a second head on the host would share them.
+    assert not RAY_FIXED_PORTS & {port for _, _, port in listening}, listening
+
+
+def test_every_port_of_a_running_job_is_on_loopback(
+    ray_cluster: LocalRay, service: Callable[..., AbstractContextManager[Service]]
+) -> None:
+    """Rank 0's rendezvous store and every rank's gloo sockets included: torch's store
+    answers anyone who connects."""
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        job = c.submit(job_spec("sockets", steps=100_000))
+        try:
+            wait_for(c, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= 2, 300)
+            rank0 = worker_pid(svc.ray_address, job["id"], 0)
+            listening = listening_sockets(ray_cluster)
+            own = {
+                (conn.laddr.ip, conn.laddr.port)
+                for conn in psutil.Process(rank0).net_connections(kind="tcp")
+                if conn.status == psutil.CONN_LISTEN
+            }
+        finally:
+            c.cancel(job["id"])
+        c.wait(job["id"], timeout=120)
+    # The training rank listens (its store and gloo pairs, besides Ray's own server).
+    assert len(own) >= 3, own
+    exposed = sorted(s for s in listening if not _loopback(s[1]))
+    assert exposed == [], f"listening beyond loopback while a job trains: {exposed}"

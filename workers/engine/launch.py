@@ -75,6 +75,7 @@ def run_rank(
         master_addr=master[0],
         master_port=master[1],
         device=device,
+        own_addr=master[0],  # every rank on this host
     )
     try:
         sink = (lambda m: report("metrics", m)) if rank == 0 else None

@@ -129,6 +129,7 @@ class TrainingWorker:
                 master_port=master_port,
                 device=device,
                 timeout_s=join_timeout_s,
+                own_addr=_node_address(),
             )
             trainer = Trainer(
                 self.spec,
@@ -234,3 +235,10 @@ def _log_to_file(path: Path) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     return handler
+
+
+def _node_address() -> str:
+    """The address Ray gave this actor's node: the rank's sockets listen there only."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())
