@@ -38,6 +38,7 @@ def serve(
     from service.migrate import upgrade_to_head
     from service.store import JobStore
     from service.users import UserDirectory, bootstrap_admin
+    from workers.contract.lifecycle import SUPERVISED
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**overrides)
@@ -76,7 +77,8 @@ def serve(
             log_level="warning",
         )
     finally:
-        active = [j for j in store.active_jobs() if j.state != "QUEUED"]
+        # QUEUED and PAUSED jobs hold nothing on Ray: only supervised ones keep the head.
+        active = [j for j in store.active_jobs() if j.state in SUPERVISED]
         if local is not None and not active:
             local.stop()
         elif local is not None:

@@ -15,8 +15,13 @@ from pathlib import Path
 
 import httpx
 
+from service.db import Database
 from service.local_ray import LocalRay, find_local_ray, session_members
+from service.store import JobStore
+from service.users import UserDirectory
+from workers.contract.lifecycle import JobState
 from workers.contract.net import free_port
+from workers.contract.spec import JobSpec
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 
@@ -101,11 +106,30 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert find_local_ray(state) is None and head_is_gone(head)
         assert not head.private_dir.exists()
 
+    paused_job(f"sqlite:///{state / 'shardline.db'}")
     with serving(tmp_path, port) as second:
         headers = {"Authorization": f"Bearer {token}"}
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers).status_code == 200
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/jobs", headers=headers).json()
+        assert [j["state"] for j in listed["jobs"]] == ["PAUSED"]
+        head = find_local_ray(state)
+        assert head is not None
         out = stop(second)
         assert "shl_" not in out and token_file.read_text().strip() == token
+        # A paused job holds nothing on Ray: the head goes down with serve all the same.
+        assert find_local_ray(state) is None and head_is_gone(head), out
+
+
+def paused_job(database_url: str) -> None:
+    """A job that ran and was paused, written while no server runs (no scheduler can
+    start it, no reconciler look at it, half way)."""
+    db = Database(database_url)
+    try:
+        store, users = JobStore(db), UserDirectory(db)
+        job, _ = store.create(users.ensure_user("pauser"), JobSpec(name="paused"))
+        for state in (JobState.STARTING, JobState.RUNNING, JobState.PAUSING, JobState.PAUSED):
+            store.transition(job.id, state, "test")
+    finally:
+        db.dispose()
 
 
 def test_sigterm_stops_serve_cleanly_and_takes_its_idle_ray_head_down(tmp_path: Path) -> None:
