@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from api.client import InvalidRequest
 from service.db import Database
+from service.local_ray import LocalRay
 from service.models import JobMetric
 from service.store import JobStore
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
@@ -20,6 +21,8 @@ from workers.contract.progress import MetricsEntry, ProgressEntry
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
 from workers.runtime.names import NAMESPACE, supervisor_name
+from workers.runtime.supervisor.workers import StartCancelled
+from workers.runtime.worker_group import _wait_for
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -142,3 +145,22 @@ def test_restarting_the_control_plane_loses_nothing(service: ServiceFactory) -> 
             steps = [m["step"] for m in c.metrics(job["id"])]
             assert steps == list(range(1, 41))  # none missing, none twice
             assert leftovers(svc.ray_address, job["id"])["placement_groups"] == []
+
+
+@ray.remote(num_cpus=0)
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_start_that_waits_for_workers_gives_way_to_a_cancel(ray_cluster: LocalRay) -> None:
+    """WorkerGroup.start waits for the world in slices: a cancel does not wait out the
+    join timeout (minutes, where many ranks import torch on few cores)."""
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster.address, namespace="start-test", log_to_driver=False)
+    slow = _sleep.remote(60)
+    asked = time.monotonic() + 0.5
+    started = time.monotonic()
+    with pytest.raises(StartCancelled):
+        _wait_for([slow], time.monotonic() + 300, lambda: time.monotonic() > asked)
+    assert time.monotonic() - started < 5
+    ray.cancel(slow, force=True)

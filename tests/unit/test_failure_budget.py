@@ -9,6 +9,7 @@ finds it, as when its actor dies.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ class ScriptedWorkers:
     def reserve(self, timeout_s: float) -> list[str]:
         return ["node-a", "node-a"]
 
-    def start(self, join_timeout_s: float) -> None:
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         if self.failing_starts:
             self.failing_starts -= 1
             raise TimeoutError("the world did not form in time")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerPhase, WorkerStatus
 from workers.runtime.supervisor.decisions import FailurePolicy
 from workers.runtime.supervisor.machine import JobSupervisor
+from workers.runtime.supervisor.workers import StartCancelled
 from workers.storage.layout import JobLayout
 
 
@@ -32,7 +35,7 @@ class FakeWorkers:
         self.log.append("reserve")
         return ["node-a", "node-a"]
 
-    def start(self, join_timeout_s: float) -> None:
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         self.log.append("start")
 
     def poll(self, timeout_s: float) -> list[WorkerStatus]:
@@ -162,6 +165,32 @@ def test_a_rank_without_progress_is_named_as_hung(tmp_path: Path) -> None:
         if isinstance(e, EventEntry) and e.message.startswith("failure")
     )
     assert "no progress for 10s on rank(s) [1]" in failure.message
+
+
+class SlowToJoin(FakeWorkers):
+    """A world that takes minutes to join, as 40 ranks on 2 cores do; start() waits as
+    the Ray group does, in slices that look for a cancel."""
+
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        self.log.append("start")
+        deadline = time.monotonic() + join_timeout_s
+        while time.monotonic() < deadline:
+            if cancelled():
+                raise StartCancelled("cancelled while the workers were starting")
+            time.sleep(0.01)
+        raise TimeoutError("the world did not form in time")
+
+
+def test_a_cancel_while_the_workers_start_ends_the_job_at_once(tmp_path: Path) -> None:
+    workers = SlowToJoin([[status(0, "stopped", 0), status(1, "stopped", 0)]])
+    sup = make(tmp_path, workers)
+    threading.Timer(0.3, sup.cancel).start()
+    started = time.monotonic()
+    assert sup.run() == JobState.CANCELLED
+    assert time.monotonic() - started < 10  # not the 300 s join timeout
+    assert workers.log[:2] == ["reserve", "start"] and "release" in workers.log
+    # Straight from STARTING: not counted as a failure, no restart on the way.
+    assert states(sup.buffer) == ["CANCELLING", "CANCELLED"]
 
 
 def test_cancel_stops_and_releases(tmp_path: Path) -> None:

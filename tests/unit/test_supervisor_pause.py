@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class PausableWorkers:
     def reserve(self, timeout_s: float) -> list[str]:
         return ["node-a", "node-a"]
 
-    def start(self, join_timeout_s: float) -> None:
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         self.calls.append("start")
 
     def poll(self, timeout_s: float) -> list[WorkerStatus]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ class ScriptedWorkers:
         self.calls.append("reserve")
         return ["node-a", "node-b"]
 
-    def start(self, join_timeout_s: float) -> None:
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         self.calls.append("start")
         self.script = list(self.scripts.pop(0)) if self.scripts else []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,7 @@ from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.spares import WarmSpares, kill_actors
+from workers.runtime.supervisor.workers import StartCancelled
 from workers.storage.layout import CheckpointLocations, JobLayout
 from workers.storage.snapshots import remove_snapshot_dir
 
@@ -39,6 +41,8 @@ NODE_ID_LABEL = "ray.io/node-id"
 CLEANUP_TIMEOUT_S = 30.0
 # How long a restart waits for Ray to confirm the old ranks are dead.
 KILL_CONFIRM_S = 10.0
+# How often a start that waits for the world to join looks for a cancel.
+START_SLICE_S = 0.5
 
 
 class WorkerGroup:
@@ -140,7 +144,7 @@ class WorkerGroup:
         self._snapshot_nodes |= set(self.node_of_rank)
         return self.locations
 
-    def start(self, join_timeout_s: float) -> None:
+    def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         """One actor per rank; all join the world and start training."""
         assert self.pg is not None, "reserve() first"
         locations = self._locations()
@@ -151,10 +155,12 @@ class WorkerGroup:
         self.actors = spares or self._make_actors(self.attempt, locations, spare=False)
         self.warm_start = bool(spares)  # said in the supervisor's event
         self.spares.attempt_started()
-        addr, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=join_timeout_s)
-        ray.get(
-            [a.start.remote(addr, port, join_timeout_s) for a in self.actors],
-            timeout=join_timeout_s,
+        deadline = time.monotonic() + join_timeout_s
+        ((addr, port),) = _wait_for(
+            [self.actors[0].rendezvous_address.remote()], deadline, cancelled
+        )
+        _wait_for(
+            [a.start.remote(addr, port, join_timeout_s) for a in self.actors], deadline, cancelled
         )
         log.info(
             "job %s: %d workers started, rendezvous %s:%d",
@@ -285,3 +291,17 @@ def _answers(actor: Any, timeout_s: float) -> bool:
     except ray.exceptions.GetTimeoutError:
         return True
     return True
+
+
+def _wait_for(refs: list[Any], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
+    """ray.get(refs) by `deadline`, in slices of at most START_SLICE_S that check for a
+    cancel between them (StartCancelled): starting a world can take minutes."""
+    pending = list(refs)
+    while pending:
+        if cancelled():
+            raise StartCancelled("cancelled while the workers were starting")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not start in time")
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(START_SLICE_S, left))
+    return ray.get(refs)

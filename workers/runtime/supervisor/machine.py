@@ -26,7 +26,12 @@ from workers.runtime.supervisor.handling import FailureHandling
 from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
-from workers.runtime.supervisor.workers import Workers, WorkersFactory, checkpoint_locations
+from workers.runtime.supervisor.workers import (
+    StartCancelled,
+    Workers,
+    WorkersFactory,
+    checkpoint_locations,
+)
 from workers.storage.layout import JobLayout
 
 log = logging.getLogger(__name__)
@@ -203,7 +208,11 @@ class JobSupervisor:
         ranks, nodes = len(placed[0]), sorted(set(placed[0]))
         message = f"placement group ready: {ranks} ranks on {len(nodes)} node(s)"
         self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes}))
-        self.workers.start(JOIN_TIMEOUT_S)
+        try:
+            self.workers.start(JOIN_TIMEOUT_S, cancelled=self._cancel.is_set)
+        except StartCancelled:
+            self.workers.release()
+            return Next(JobState.CANCELLING, "cancel requested while the workers started")
         warm = self.workers.warm_start
         self.relay.event(
             Event(
