@@ -62,6 +62,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         settings.auth_failures_per_s, settings.auth_failures_burst
     )
     app.state.quotas = UserQuotas(db, settings)
+    app.state.exports = export.ExportSlots()
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(TelemetryMiddleware, telemetry=app.state.telemetry)

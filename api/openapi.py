@@ -21,7 +21,10 @@ _WHY = {
     413: "The request body is larger than the server allows",
     415: "The body is not sent as application/json",
     422: "A field is invalid (details name each field), or the job cannot fit the cluster",
-    429: "Too many requests with this token, or too many queued jobs (submit); see Retry-After",
+    429: (
+        "Too many requests (with this token, or with bad tokens from this address), "
+        "queued jobs (submit) or exports; see Retry-After"
+    ),
     503: "The database does not answer; see Retry-After",
 }
 

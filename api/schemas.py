@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
@@ -20,6 +20,18 @@ def _utc(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
+
+
+@overload
+def job_relative(path: str) -> str: ...
+@overload
+def job_relative(path: None) -> None: ...
+def job_relative(path: str | None) -> str | None:
+    """A path of the job's storage as the user sees it, relative to the job's folder
+    (`checkpoints/step-00000004`): where the server keeps it is not the user's business."""
+    if path is None:
+        return None
+    return "/".join(path.rstrip("/").split("/")[-2:])
 
 
 def json_safe(value: Any) -> Any:
@@ -117,7 +129,7 @@ class JobPublic(_Times):
             failure_reason=job.failure_reason,
             queue_reason=job.queue_reason,
             latest_metrics=json_safe(job.latest_metrics),
-            latest_checkpoint=job.latest_checkpoint,
+            latest_checkpoint=job_relative(job.latest_checkpoint),
             version=job.version,
             spec=json_safe(job.spec),
         )
@@ -181,7 +193,7 @@ class CheckpointPublic(_Times):
     def of(cls, c: Checkpoint) -> CheckpointPublic:
         return cls(
             step=c.step,
-            path=c.path,
+            path=job_relative(c.path),
             bytes=c.bytes,
             created_at=c.created_at,
             layout=c.layout,

@@ -10,26 +10,31 @@ that is streamed back and deleted after the response.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from api.deps import CurrentUser, SettingsDep, StoreDep
 from api.errors import ApiError
 from api.openapi import error_responses
+from api.rate_limit import retry_after_header
 from service.config import Settings
 from workers.contract.data_access import DataAccess
-from workers.storage.checkpoints import CommittedCheckpoint
+from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +42,17 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 
 # A big model takes a while to convert; beyond this something is wrong.
 EXPORT_TIMEOUT_S = 3600.0
+# A pin outlives the export by this much (a pin left by a server that died lapses then).
+PIN_MARGIN_S = 600.0
+# Exports convert one model each in a child process: a few at once use the host well.
+EXPORTS_AT_ONCE = 2
+EXPORTS_WAITING = 8
+EXPORT_RETRY_S = 30.0
 MAX_STEP = 2**63 - 1
 
 
-def _checkpoint(settings: Settings, job_id: str, step: int | None) -> CommittedCheckpoint:
-    ckpt = settings.job_layout(job_id).checkpoints().find(step)
+def _checkpoint(checkpoints: CheckpointStore, job_id: str, step: int | None) -> CommittedCheckpoint:
+    ckpt = checkpoints.find(step)
     if ckpt is None:
         which = f"at step {step}" if step is not None else "yet"
         raise ApiError(
@@ -53,24 +64,71 @@ def _checkpoint(settings: Settings, job_id: str, step: int | None) -> CommittedC
     return ckpt
 
 
-def _run_export(ckpt: CommittedCheckpoint, out: Path, settings: Settings) -> None:
-    """The conversion, in a child process that reads files only the job could read."""
+async def _run_export(ckpt: CommittedCheckpoint, out: Path, settings: Settings) -> None:
+    """The conversion, in a child process that reads files only the job could read. The
+    route awaits it on the event loop: no thread of the pool that serves every other
+    request waits on it."""
     access = DataAccess.of(settings.data_roots, settings.private_dirs)
     env = {**os.environ, **access.env_vars()}
-    command = [sys.executable, "-m", "workers.engine.hf_export", ckpt.path, str(out)]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "workers.engine.hf_export",
+        ckpt.path,
+        str(out),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
+        _, raw = await asyncio.wait_for(child.communicate(), EXPORT_TIMEOUT_S)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
         raise ApiError(
             503, "unavailable", f"the export did not finish in {EXPORT_TIMEOUT_S:.0f}s"
         ) from None
-    if done.returncode == 2:  # a checkpoint that cannot be exported: the reason is for the user
-        raise ApiError(422, "export_failed", done.stderr.strip()[-2000:] or "export failed")
-    if done.returncode != 0:
-        log.error("export of %s failed: %s", ckpt.path, done.stderr[-4000:])
+    finally:
+        if child.returncode is None:  # the client went away: stop converting for nobody
+            child.kill()
+            await child.wait()
+    stderr = raw.decode("utf-8", errors="replace")
+    if child.returncode == 2:  # a checkpoint that cannot be exported: the reason is for the user
+        # Named as the job's step: the server's storage path is not the user's business.
+        reason = stderr.strip()[-2000:].replace(ckpt.path, f"step {ckpt.step}")
+        raise ApiError(422, "export_failed", reason or "export failed")
+    if child.returncode != 0:
+        log.error("export of %s failed: %s", ckpt.path, stderr[-4000:])
         raise ApiError(503, "unavailable", "the export failed on the server; see its log")
+
+
+class ExportSlots:
+    """At most `at_once` exports convert at a time, and at most `waiting` more wait for a
+    turn; beyond that a request is told to come back (429). Zipping runs on threads of
+    its own, not the request pool that also serves authentication and /healthz."""
+
+    def __init__(self, at_once: int = EXPORTS_AT_ONCE, waiting: int = EXPORTS_WAITING) -> None:
+        self.at_once, self.waiting = at_once, waiting
+        self._turns = asyncio.Semaphore(at_once)
+        self._in = 0
+        self.executor = ThreadPoolExecutor(at_once, thread_name_prefix="export")
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._in >= self.at_once + self.waiting:
+            raise ApiError(
+                429,
+                "too_many_exports",
+                f"{self._in} exports are running or waiting on this server (at most "
+                f"{self.at_once} at once); retry after the Retry-After seconds",
+                headers=retry_after_header(EXPORT_RETRY_S),
+            )
+        self._in += 1
+        try:
+            async with self._turns:
+                yield
+        finally:
+            self._in -= 1
 
 
 def _zip_folder(folder: Path, archive: Path) -> None:
@@ -87,10 +145,11 @@ def _zip_folder(folder: Path, archive: Path) -> None:
             "content": {"application/zip": {}},
             "description": "config.json, safetensors weights and tokenizer files, zipped",
         },
-        **error_responses(503),
+        **error_responses(409, 429, 503),
     },
 )
-def export_job(
+async def export_job(
+    request: Request,
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
@@ -98,24 +157,55 @@ def export_job(
     step: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
 ) -> FileResponse:
     """A committed checkpoint (`step`, or the newest) as a Hugging Face Llama folder in a
-    zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked."""
-    job = store.get(job_id, user)
-    ckpt = _checkpoint(settings, job.id, step)
-    exports = settings.job_layout(job.id).exports_dir
-    exports.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="export-", dir=exports))
-    try:
-        out = workdir / "model"
-        _run_export(ckpt, out, settings)
-        archive = workdir / "model.zip"
-        _zip_folder(out, archive)
-        shutil.rmtree(out)
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
+    zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked. The
+    checkpoint is kept from the job's retention (`keep_last`) while it is read."""
+    job = await run_in_threadpool(store.get, job_id, user)
+    slots: ExportSlots = request.app.state.exports
+    loop = asyncio.get_running_loop()
+    async with slots.slot():
+        checkpoints = settings.job_layout(job.id).checkpoints()
+        ckpt, pin = await loop.run_in_executor(
+            slots.executor, _pinned_checkpoint, checkpoints, job.id, step
+        )
+        exports = settings.job_layout(job.id).exports_dir
+        exports.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="export-", dir=exports))
+        try:
+            out = workdir / "model"
+            await _run_export(ckpt, out, settings)
+            archive = workdir / "model.zip"
+            await loop.run_in_executor(slots.executor, _zip_and_remove, out, archive)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        finally:
+            checkpoints.unpin(pin)
     return FileResponse(
         archive,
         media_type="application/zip",
         filename=f"{job.id}-step-{ckpt.step}.zip",
         background=BackgroundTask(shutil.rmtree, workdir, ignore_errors=True),
     )
+
+
+def _pinned_checkpoint(
+    checkpoints: CheckpointStore, job_id: str, step: int | None
+) -> tuple[CommittedCheckpoint, str]:
+    """The checkpoint to export, pinned against the job's retention (which deletes old
+    ones as the job saves new ones), and the pin. Found again once pinned: retention may
+    have deleted it between the listing and the pin; then the newest is taken again, or
+    where the request named the step, it is gone."""
+    for _ in range(3):
+        ckpt = _checkpoint(checkpoints, job_id, step)
+        pin = checkpoints.pin(ckpt.step, EXPORT_TIMEOUT_S + PIN_MARGIN_S)
+        if checkpoints.find(ckpt.step) is not None:
+            return ckpt, pin
+        checkpoints.unpin(pin)
+    raise ApiError(
+        409, "conflict", f"job {job_id}'s checkpoints are being replaced too fast; retry"
+    )
+
+
+def _zip_and_remove(folder: Path, archive: Path) -> None:
+    _zip_folder(folder, archive)
+    shutil.rmtree(folder)

@@ -177,6 +177,10 @@ def test_export_of_another_users_job_or_a_missing_step_is_not_found(
         alice.export(job["id"], tmp_path / "d.zip", step=4)
     assert caught.value.code == "export_failed"
     assert "no job spec" in caught.value.message
+    # Named as the job's step; where the server keeps it is not the user's business.
+    storage = str(backend.server.settings.storage_root)
+    assert storage not in caught.value.message, caught.value.message
+    assert "checkpoint step 4" in caught.value.message, caught.value.message
 
 
 def test_export_step_must_be_a_positive_integer(backend: Backend) -> None:

@@ -71,7 +71,10 @@ def test_init_from_train_export_load_and_generate(service: ServiceFactory, tmp_p
         out = tmp_path / "exported"
         done = cli("export", "--job", job["id"], str(out), env=env)
         assert done.returncode == 0, done.stderr
-        checkpoint = Path(client.checkpoints(job["id"])[0]["path"])
+        # Named relative to the job's folder, never by the server's storage path.
+        relative = client.checkpoints(job["id"])[0]["path"]
+        assert relative.startswith("checkpoints/step-"), relative
+        checkpoint = svc.settings.job_layout(job["id"]).dir / relative
 
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     # A byte-level job: AutoTokenizer reads the export as the engine's byte codec, and

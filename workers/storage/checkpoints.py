@@ -13,10 +13,12 @@ No torch here: the control plane lists checkpoints through this module too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import time
+import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,11 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FORMAT = 1
 _COMMITTED = re.compile(r"^step-(\d+)$")
+# A pin keeps a committed checkpoint from retention while something reads it (an export):
+# a file in PINS named for the step and the time it lapses, so a reader that dies leaves
+# no checkpoint kept forever.
+PINS = ".pins"
+_PIN = re.compile(r"^step-(\d+)\.until-(\d+)\.[0-9a-f]+$")
 _CHUNK = 8 << 20
 
 
@@ -195,10 +202,38 @@ class CheckpointStore:
         with self.fs.open(f"{folder}/{MANIFEST}", "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
 
+    # -- pins ------------------------------------------------------------------------
+
+    def pin(self, step: int, for_s: float) -> str:
+        """Keep `step` from retention for at most `for_s` seconds; returns the pin to
+        unpin() when done."""
+        until = int(time.time() + for_s)
+        path = self._join(PINS, f"step-{step:08d}.until-{until}.{uuid.uuid4().hex}")
+        self.fs.makedirs(self._join(PINS), exist_ok=True)
+        self.fs.pipe_file(path, b"")
+        return path
+
+    def unpin(self, pin: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(pin)
+
+    def pinned(self) -> set[int]:
+        """Steps with a pin that has not lapsed."""
+        folder = self._join(PINS)
+        if not self.fs.exists(folder):
+            return set()
+        now = time.time()
+        steps = set()
+        for entry in self.fs.ls(folder, detail=False):
+            match = _PIN.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            if match and int(match.group(2)) > now:
+                steps.add(int(match.group(1)))
+        return steps
+
     def prune(self, keep_last: int, protect: set[int] | None = None) -> list[int]:
         """Delete all but the newest `keep_last` committed checkpoints, never one in
-        `protect` (the one restored from); returns the steps deleted."""
-        protect = protect or set()
+        `protect` (the one restored from) or pinned; returns the steps deleted."""
+        protect = (protect or set()) | self.pinned()
         deleted = []
         for ckpt in self.committed()[keep_last:]:
             if ckpt.step in protect:
