@@ -42,21 +42,31 @@ def readyz(request: Request) -> dict[str, str]:
             "description": "Prometheus text exposition",
             "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
         },
-        **error_responses(401, 429, 503),
+        **error_responses(401, 403, 429, 503),
     },
 )
-def prometheus_metrics(request: Request, _user: CurrentUser) -> Response:
-    """Prometheus exposition (needs a token like every route that tells about jobs)."""
+def prometheus_metrics(request: Request, user: CurrentUser) -> Response:
+    """Prometheus exposition, for administrators: it counts every user's jobs and
+    requests (scrape it with an admin's token)."""
+    if not user.is_admin:
+        raise ApiError(
+            403, "forbidden", "/metrics is for administrators (it counts every user's jobs)"
+        )
     registry = request.app.state.telemetry.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/cluster", response_model=ClusterPublic, responses=error_responses(401, 429, 503))
-def cluster(request: Request, _user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
+def cluster(request: Request, user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
+    """Ray's resources, and jobs by state: every user's for an administrator, the caller's
+    own for anyone else."""
     info = runtime.cluster()
     db: Database = request.app.state.db
+    query = select(Job.state, func.count()).group_by(Job.state)
+    if not user.is_admin:
+        query = query.where(Job.owner_id == user.id)
     with db.session() as s:
-        counts = dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        counts = dict(s.execute(query).all())
     return ClusterPublic(
         runtime=info.runtime,
         connected=info.connected,

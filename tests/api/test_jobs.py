@@ -76,6 +76,17 @@ def test_cluster_says_jobs_stay_queued_without_a_runtime(
     assert info["connected"] is False and "stay QUEUED" in info["message"]
 
 
+def test_cluster_counts_only_the_callers_jobs_unless_an_admin_asks(
+    user_client: Callable[..., Client],
+) -> None:
+    owner, other, admin = user_client(), user_client(), user_client(admin=True)
+    owner.submit(SPEC)
+    owner.submit(SPEC)
+    assert owner.cluster()["jobs"] == {"QUEUED": 2}
+    assert other.cluster()["jobs"] == {}
+    assert admin.cluster()["jobs"].get("QUEUED", 0) >= 2
+
+
 def test_health_readiness_and_prometheus(
     backend: Backend, user_client: Callable[..., Client]
 ) -> None:
@@ -87,7 +98,11 @@ def test_health_readiness_and_prometheus(
     assert httpx.get(f"{url}/metrics").status_code == 401
     c = user_client()
     c.submit(SPEC)
+    # It counts every user's jobs: for administrators only.
     _, token = backend.new_user()
+    user_get = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert user_get.status_code == 403
+    _, token = backend.new_user(admin=True)
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}).text
     assert 'shardline_jobs{state="QUEUED"}' in text
     assert "shardline_http_requests_total" in text
