@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,32 @@ def test_text_with_a_local_tokenizer_json(tmp_path: Path, monkeypatch: pytest.Mo
         text_tokens(corpus, loaded, 8)
     with pytest.raises(FileNotFoundError, match="no tokenizer file"):
         load_tokenizer(str(tmp_path / "missing.json"))
+
+
+def test_the_token_cache_drops_the_corpora_used_longest_ago_beyond_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
+    # Each corpus is 1,000 bytes of text: 2,000 bytes of uint16 tokens; two fit, not three.
+    monkeypatch.setenv("SHARDLINE_TOKEN_CACHE_BYTES", "5000")
+    cached = tmp_path / "cache" / "tokens"
+    corpora = {}
+    for name in "abc":
+        corpora[name] = tmp_path / f"{name}.txt"
+        corpora[name].write_text(name * 999 + "\n")
+    tok = ByteTokenizer()
+
+    def held() -> set[str]:
+        """The corpora in the cache, by their first character."""
+        return {chr(int(np.fromfile(f, dtype=np.uint16)[0])) for f in cached.iterdir()}
+
+    for when, name in ((1000.0, "a"), (2000.0, "b")):  # "a" used first, then "b"
+        text_tokens(corpora[name], tok, vocab_size=256)
+        for f in cached.iterdir():
+            if f.stat().st_mtime > 10_000:  # the file just written
+                os.utime(f, (when, when))
+    text_tokens(corpora["a"], tok, vocab_size=256)  # a cache hit: "a" is the newest use
+    assert held() == {"a", "b"}
+    text_tokens(corpora["c"], tok, vocab_size=256)  # 6,000 bytes: over the limit
+    assert held() == {"a", "c"}  # "b", used longest ago, went
+    assert sum(f.stat().st_size for f in cached.iterdir()) <= 5000

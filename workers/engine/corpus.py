@@ -36,6 +36,52 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SHARDLINE_CACHE_DIR", Path.home() / ".cache" / "shardline"))
 
 
+# The tokenized-corpus cache keeps at most this many bytes (SHARDLINE_TOKEN_CACHE_BYTES),
+# dropping the corpora used longest ago: every new corpus, or every edit of one, adds a file.
+TOKEN_CACHE_BYTES = 20 << 30
+
+
+def token_cache_limit() -> int:
+    raw = os.environ.get("SHARDLINE_TOKEN_CACHE_BYTES")
+    try:
+        return int(raw) if raw else TOKEN_CACHE_BYTES
+    except ValueError:
+        log.warning(
+            "SHARDLINE_TOKEN_CACHE_BYTES=%r is not a number of bytes; using %d",
+            raw,
+            TOKEN_CACHE_BYTES,
+        )
+        return TOKEN_CACHE_BYTES
+
+
+def prune_token_cache(folder: Path, keep: Path, limit: int) -> list[Path]:
+    """Delete the least recently used cached corpora until the folder holds at most
+    `limit` bytes, never `keep` (the one in use now); returns what was deleted. A job that
+    has a deleted file mapped keeps reading it (the data lives until it is unmapped)."""
+    entries = []
+    for path in folder.iterdir():
+        if ".tmp" in path.suffix or path == keep:
+            continue  # a corpus being written, or the one just used
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # pruned by another job meanwhile
+        entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries) + (keep.stat().st_size if keep.exists() else 0)
+    deleted = []
+    for _, size, path in sorted(entries):  # oldest use first
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        deleted.append(path)
+    if deleted:
+        log.info(
+            "token cache over %d bytes: removed %d corpora used longest ago", limit, len(deleted)
+        )
+    return deleted
+
+
 def synthetic_tokens(vocab_size: int, seed: int) -> np.ndarray:
     """Deterministic random tokens with structure a model can learn.
 
@@ -86,6 +132,7 @@ def text_tokens(
     digest = _fingerprint(files, tokenizer, access)
     cached = cache_dir() / "tokens" / f"{digest}.{np.dtype(dtype).name}"
     if cached.exists():
+        os.utime(cached)  # used now: the last to go when the cache is pruned
         return np.memmap(cached, dtype=dtype, mode="r")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
@@ -101,7 +148,9 @@ def text_tokens(
         raise ValueError(f"data.path: no UTF-8 text found under {root}")
     os.replace(tmp, cached)  # atomic: concurrent readers see all of it or nothing
     log.info("tokenized %d files under %s into %d tokens (%s)", len(files), root, count, cached)
-    return np.memmap(cached, dtype=dtype, mode="r")
+    tokens = np.memmap(cached, dtype=dtype, mode="r")
+    prune_token_cache(cached.parent, cached, token_cache_limit())
+    return tokens
 
 
 def _tokenize_files(
