@@ -12,7 +12,7 @@ from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, system
+from api.routes import export, faults, jobs, options, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -74,4 +74,5 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     install_openapi(app)
     install_docs(app)
     install_status_page(app)
+    app.include_router(options.router)  # last: it answers OPTIONS for every path above
     return app

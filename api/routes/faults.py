@@ -25,7 +25,9 @@ from workers.contract.spec import JobSpec
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["faults"], responses=error_responses(401, 403, 404, 409, 422)
+    prefix="/v1/jobs",
+    tags=["faults"],
+    responses=error_responses(401, 403, 404, 409, 422, 429, 503),
 )
 
 

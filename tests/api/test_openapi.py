@@ -7,6 +7,7 @@ import re
 import time
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
@@ -78,3 +79,23 @@ def test_generated_requests_match_the_document(backend: Backend) -> None:
     # The token worked and generated specs were accepted, not only refused.
     assert statuses.get(201, 0) > 0 and statuses.get(200, 0) > 0, statuses
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize(
+    ("path", "allow"),
+    [
+        ("/v1/jobs", "GET, OPTIONS, POST"),
+        ("/v1/jobs/abc/faults", "OPTIONS, POST"),
+        ("/v1/jobs/abc", "GET, OPTIONS"),
+    ],
+)
+def test_options_names_every_method_of_the_path(backend: Backend, path: str, allow: str) -> None:
+    response = httpx.options(f"{backend.server.url}{path}")
+    assert response.status_code == 204, response.text
+    assert response.headers["Allow"] == allow
+
+
+def test_options_of_a_path_with_no_route_is_404(backend: Backend) -> None:
+    response = httpx.options(f"{backend.server.url}/v1/nothing/here")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
