@@ -2,7 +2,7 @@
 
 `train_local` reports only metrics; tests that must see what happens during a step (dtypes,
 which parameters are whole) run their own function on each rank and get back what it
-returns. The function must live at module level so spawned processes can import it.
+returns. The function must live at module level so the rank processes can import it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from workers.engine.distributed import init_world, leave_world, limit_cpu_threads
 from workers.contract.net import free_port
-from workers.engine.launch import exit_rank_process
+from workers.engine.launch import exit_rank_process, rank_processes
 
 RankFn = Callable[[int, int, torch.device], Any]
 
@@ -40,7 +40,7 @@ def _rank(fn: RankFn, rank: int, world_size: int, port: int, results: mp.Queue) 
 
 def on_ranks(fn: RankFn, world_size: int, timeout_s: float = 300.0) -> list[Any]:
     """`fn(rank, world_size, device)` on each rank; the results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_processes()  # forked from the engine's fork server, as train_local's ranks
     results: mp.Queue = ctx.Queue()
     port = free_port()
     procs = [
