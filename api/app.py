@@ -11,8 +11,9 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
+from api.options import install_options
 from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, options, system
+from api.routes import export, faults, jobs, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -64,6 +65,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.quotas = UserQuotas(db, settings)
     app.state.exports = export.ExportSlots()
     install_error_handlers(app)
+    install_options(app)
     install_openapi(app)
     app.add_middleware(TelemetryMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -74,5 +76,4 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     install_openapi(app)
     install_docs(app)
     install_status_page(app)
-    app.include_router(options.router)  # last: it answers OPTIONS for every path above
     return app
