@@ -20,9 +20,9 @@ from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_f
 from workers.contract.progress import MetricsEntry, ProgressEntry
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
+from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, supervisor_name
 from workers.runtime.supervisor.workers import StartCancelled
-from workers.runtime.worker_group import _wait_for
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -161,6 +161,6 @@ def test_a_start_that_waits_for_workers_gives_way_to_a_cancel(ray_cluster: Local
     asked = time.monotonic() + 0.5
     started = time.monotonic()
     with pytest.raises(StartCancelled):
-        _wait_for([slow], time.monotonic() + 300, lambda: time.monotonic() > asked)
+        wait_for_start([slow], time.monotonic() + 300, lambda: time.monotonic() > asked)
     assert time.monotonic() - started < 5
     ray.cancel(slow, force=True)

@@ -4,14 +4,19 @@ the export route's queue refuses what it cannot hold."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from api.errors import ApiError
 from api.routes.export import ExportSlots
 from workers.storage.checkpoints import CheckpointStore
+
+T = TypeVar("T")
 
 
 def committed(store: CheckpointStore, step: int) -> None:
@@ -45,6 +50,26 @@ def test_a_lapsed_pin_keeps_nothing(tmp_path: Path) -> None:
     assert [c.step for c in store.committed()] == [2]  # .pins is never a checkpoint
 
 
+def run_loop(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run in a thread of its own: a test before this one (Playwright's sync API)
+    may have left an event loop running in the main thread."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(scenario()))
+        except BaseException as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=30)
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
 def test_exports_beyond_the_running_and_waiting_ones_get_429() -> None:
     async def scenario() -> list[str]:
         slots = ExportSlots(at_once=1, waiting=1)
@@ -67,7 +92,7 @@ def test_exports_beyond_the_running_and_waiting_ones_get_429() -> None:
         return said
 
     started = time.monotonic()
-    said = asyncio.run(scenario())
+    said = run_loop(scenario)
     assert said[:2] == ["a runs", "c 429 too_many_exports"], said
     assert said[2] == "b runs"  # the one that waited gets its turn
     assert time.monotonic() - started < 5
@@ -81,6 +106,6 @@ def test_the_export_queue_names_its_limit() -> None:
             async with slots.slot(), slots.slot():
                 pass
 
-        asyncio.run(full())
+        run_loop(full)
     assert caught.value.status == 429 and "at most 1 at once" in caught.value.message
     assert caught.value.headers is not None and "Retry-After" in caught.value.headers

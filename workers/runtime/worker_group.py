@@ -28,9 +28,9 @@ from ray.util.scheduling_strategies import (
 from workers.contract.demand import bundle_resources
 from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
+from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.spares import WarmSpares, kill_actors
-from workers.runtime.supervisor.workers import StartCancelled
 from workers.storage.layout import CheckpointLocations, JobLayout
 from workers.storage.snapshots import remove_snapshot_dir
 
@@ -41,8 +41,6 @@ NODE_ID_LABEL = "ray.io/node-id"
 CLEANUP_TIMEOUT_S = 30.0
 # How long a restart waits for Ray to confirm the old ranks are dead.
 KILL_CONFIRM_S = 10.0
-# How often a start that waits for the world to join looks for a cancel.
-START_SLICE_S = 0.5
 
 
 class WorkerGroup:
@@ -156,10 +154,10 @@ class WorkerGroup:
         self.warm_start = bool(spares)  # said in the supervisor's event
         self.spares.attempt_started()
         deadline = time.monotonic() + join_timeout_s
-        ((addr, port),) = _wait_for(
+        ((addr, port),) = wait_for_start(
             [self.actors[0].rendezvous_address.remote()], deadline, cancelled
         )
-        _wait_for(
+        wait_for_start(
             [a.start.remote(addr, port, join_timeout_s) for a in self.actors], deadline, cancelled
         )
         log.info(
@@ -291,17 +289,3 @@ def _answers(actor: Any, timeout_s: float) -> bool:
     except ray.exceptions.GetTimeoutError:
         return True
     return True
-
-
-def _wait_for(refs: list[Any], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
-    """ray.get(refs) by `deadline`, in slices of at most START_SLICE_S that check for a
-    cancel between them (StartCancelled): starting a world can take minutes."""
-    pending = list(refs)
-    while pending:
-        if cancelled():
-            raise StartCancelled("cancelled while the workers were starting")
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not start in time")
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(START_SLICE_S, left))
-    return ray.get(refs)

@@ -1,0 +1,28 @@
+"""Waiting for a world of ranks to start, in slices that give way to a cancel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from workers.runtime.supervisor.workers import StartCancelled
+
+# How often a start that waits for the world to join looks for a cancel.
+START_SLICE_S = 0.5
+
+
+def wait_for_start(refs: list[Any], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
+    """ray.get(refs) by `deadline`, in slices of at most START_SLICE_S that check for a
+    cancel between them (StartCancelled): starting a world can take minutes."""
+    pending = list(refs)
+    while pending:
+        if cancelled():
+            raise StartCancelled("cancelled while the workers were starting")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not start in time")
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(START_SLICE_S, left))
+    return ray.get(refs)
