@@ -53,10 +53,7 @@ async def _follow(
         if job.state in TERMINAL_STATES:
             # The job's workers are gone: what is in the file now is all there will be.
             while True:
-                text = _chunk(await run_in_threadpool(follower.read))
-                if not follower.behind:
-                    text += _chunk(await run_in_threadpool(follower.rest))
-                if text:
+                if text := _chunk(await run_in_threadpool(follower.rest)):
                     yield text
                 if not follower.behind:
                     return

@@ -103,9 +103,10 @@ class LogFollower:
         return lines
 
     def rest(self) -> list[str]:
-        """After the writer has stopped: new lines and a last line with no newline."""
+        """After the writer has stopped: new lines, and once the end is reached (not
+        `behind`), a last line with no newline."""
         lines = self.read()
-        if self.partial:
+        if self.partial and not self.behind:
             lines.append(self.partial.decode("utf-8", errors="replace"))
             self.partial = b""
         return lines

@@ -163,13 +163,13 @@ async def export_job(
     slots: ExportSlots = request.app.state.exports
     loop = asyncio.get_running_loop()
     async with slots.slot():
-        checkpoints = settings.job_layout(job.id).checkpoints()
+        layout = settings.job_layout(job.id)
+        checkpoints = layout.checkpoints()
         ckpt, pin = await loop.run_in_executor(
             slots.executor, _pinned_checkpoint, checkpoints, job.id, step
         )
-        exports = settings.job_layout(job.id).exports_dir
-        exports.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="export-", dir=exports))
+        layout.exports_dir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="export-", dir=layout.exports_dir))
         try:
             out = workdir / "model"
             await _run_export(ckpt, out, settings)
