@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.auth_guard import FailedAuthGuard
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
@@ -69,6 +70,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     install_openapi(app)
     app.add_middleware(TelemetryMiddleware, telemetry=app.state.telemetry)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: an address over its failed-authentication limit is
+    # answered before the rest of the stack does any work.
+    app.add_middleware(FailedAuthGuard, failures=app.state.auth_failures)
     app.include_router(jobs.router)
     app.include_router(faults.router)
     app.include_router(export.router)

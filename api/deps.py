@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from api.auth_guard import refusal_message
 from api.errors import ApiError
 from api.rate_limit import TokenBuckets, retry_after_header
 from service.config import Settings
@@ -44,17 +45,13 @@ async def get_current_user(
 ) -> Principal:
     challenge = {"WWW-Authenticate": "Bearer"}
     # Failed authentications are limited per address before any lookup: a flood of bad
-    # tokens is answered here, on the event loop, with no database read.
+    # tokens is answered by api/auth_guard.py before routing; this check holds for a route
+    # outside its prefixes, with no database read either.
     failures: TokenBuckets = request.app.state.auth_failures
     address = request.client.host if request.client else "unknown"
     if (wait_s := failures.wait(address)) > 0:
         raise ApiError(
-            429,
-            "rate_limited",
-            f"too many requests with a missing or invalid token from {address}; retry after "
-            "the Retry-After seconds (the server's limit is SHARDLINE_AUTH_FAILURES_PER_S "
-            "and SHARDLINE_AUTH_FAILURES_BURST)",
-            headers=retry_after_header(wait_s),
+            429, "rate_limited", refusal_message(address), headers=retry_after_header(wait_s)
         )
     if credentials is None:
         failures.take(address)

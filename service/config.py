@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     ray_auth_token: SecretStr | None = Field(default=None, validation_alias="RAY_AUTH_TOKEN")
     # Logical CPUs of a local Ray instance, so several CPU ranks fit a small machine.
     ray_num_cpus: Annotated[int, Field(ge=1)] = 8
+    # The least share of a real CPU core each rank of a job must get (cores of the
+    # cluster's nodes over the job's ranks): below it the job is refused at submit, since
+    # its ranks would crawl and time out their collectives while loading every host.
+    min_core_share: Annotated[float, Field(ge=0.0, le=64.0)] = 0.25
     # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
     storage_root: Path | None = None
     # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workers.contract.net import free_port
+from workers.runtime.names import CORES_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,9 @@ def start_local_ray(
         # there and split the ray:// connections between their clusters.
         f"--ray-client-server-port={free_port()}",
         f"--dashboard-agent-listen-port={free_port()}",
+        # More logical CPUs than cores, so that several small ranks fit: the label keeps
+        # the real count for the refusal of jobs that would crowd them.
+        f"--labels={CORES_LABEL}={host_cores()}",
     ]
     token = _auth_token(state_dir)
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
@@ -243,3 +247,11 @@ def start_local_ray(
     )
     log.info("started local Ray head %s with %d logical CPUs", address, num_cpus)
     return head
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1

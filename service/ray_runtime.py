@@ -18,12 +18,18 @@ from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
-from workers.contract.demand import RESOURCE_NAMES, bundle_resources, cluster_refusal, describe
+from workers.contract.demand import (
+    RESOURCE_NAMES,
+    bundle_resources,
+    cluster_refusal,
+    core_share_refusal,
+    describe,
+)
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
 from workers.contract.spec import JobSpec
 from workers.runtime.actors import SupervisorActor
-from workers.runtime.names import NAMESPACE, supervisor_name
+from workers.runtime.names import CORES_LABEL, NAMESPACE, supervisor_name
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +180,8 @@ class RayRuntime:
 
     def _total(self) -> dict[str, float]:
         res = ray.cluster_resources()
-        return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES}
+        # Ray always reports CPU and GPU (0 where none) and reports memory per node.
+        return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES if k != "memory" or k in res}
 
     def cluster(self) -> ClusterInfo:
         available = ray.available_resources()
@@ -195,10 +202,27 @@ class RayRuntime:
         if never is not None:
             return never
         bundle = bundle_resources(spec)
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        crowded = core_share_refusal(
+            spec, sum(node_cores(n) for n in alive), self.settings.min_core_share
+        )
+        if crowded is not None:
+            return crowded
+        nodes = [n["Resources"] for n in alive]
         if not any(all(bundle.get(k, 0) <= n.get(k, 0) for k in bundle) for n in nodes):
             return (
                 f"one rank needs {describe(bundle)} but no node has that much; lower "
                 "resources.cpus_per_worker or resources.gpus_per_worker"
             )
         return None
+
+
+def node_cores(node: dict[str, Any]) -> float:
+    """A Ray node's real CPU cores: its CORES_LABEL where its `ray start` set one (the
+    embedded head does: it declares more logical CPUs than the host has cores), else its
+    logical CPUs, which Ray sets to the cores unless told otherwise."""
+    label = (node.get("Labels") or {}).get(CORES_LABEL)
+    try:
+        return float(label) if label else float(node.get("Resources", {}).get("CPU", 0.0))
+    except ValueError:
+        return float(node.get("Resources", {}).get("CPU", 0.0))

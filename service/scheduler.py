@@ -17,14 +17,20 @@ from service.loop import PeriodicLoop
 from service.models import Job
 from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
-from workers.contract.demand import RESOURCE_NAMES, describe, fits, job_demand, stored_demand
+from workers.contract.demand import (
+    MEASURED_ONLY,
+    RESOURCE_NAMES,
+    TRAINING_BYTES_PER_PARAM,
+    describe,
+    job_demand,
+    short_of,
+    stored_demand,
+)
 from workers.contract.lifecycle import SUPERVISED, JobState
 from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-# fp32 weights, gradients and two Adam moments: what training holds per parameter.
-TRAINING_BYTES_PER_PARAM = 16
 # Host memory a whole CPU job may plan to hold; far above what CPU training is useful for.
 MAX_CPU_JOB_BYTES = 64 << 30
 
@@ -113,16 +119,19 @@ def plan_admissions(
                 f"{blocked_by.waited_s:.0f}s for resources"
             )
             continue
-        if fits(job.demand, free):
+        short = short_of(job.demand, free)
+        if not short:
             admit.append(job.job_id)
             owner_held = held.setdefault(job.owner, {})
             for k in RESOURCE_NAMES:
-                free[k] = free.get(k, 0) - job.demand.get(k, 0)
+                if k in free or k not in MEASURED_ONLY:
+                    free[k] = free.get(k, 0) - job.demand.get(k, 0)
                 owner_held[k] = owner_held.get(k, 0.0) + job.demand.get(k, 0)
             continue
+        mem = "memory" in short
         waiting[job.job_id] = (
-            f"waiting for resources: needs {describe(job.demand)}; "
-            f"{describe(free)} free of {describe(total)}"
+            f"waiting for resources: needs {describe(job.demand, memory=mem)}; "
+            f"{describe(free, memory=mem)} free of {describe(total, memory=mem)}"
         )
         if job.waited_s >= reserve_after_s:
             blocked_by = job
@@ -184,7 +193,11 @@ class Scheduler(PeriodicLoop):
             for k, v in demand[j.id].items():
                 used[k] += v
                 owner_held[k] = owner_held.get(k, 0.0) + v
-        free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES}
+        free = {
+            k: total.get(k, 0) - used[k]
+            for k in RESOURCE_NAMES
+            if k in total or k not in MEASURED_ONLY
+        }
         now = datetime.now(UTC)
         plan = plan_admissions(
             [

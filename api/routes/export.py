@@ -3,9 +3,11 @@
 The conversion reads the torch.distributed.checkpoint files, which needs torch, and the
 control plane never imports torch (tests/unit/test_control_plane_imports.py): so the export
 runs in a child process (`python -m workers.engine.hf_export`), which also keeps a large
-model's memory out of the API process and frees it when the export ends. The folder it
-writes is zipped (stored, not compressed: weights barely compress) into a temporary file
-that is streamed back and deleted after the response.
+model's memory out of the API process and frees it when the export ends. The child also
+zips the folder it writes (stored, not compressed: weights barely compress) into a
+temporary file, at a lower priority than the server, so that a busy host answers
+/healthz and status reads first; the file is streamed back and deleted after the
+response.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import os
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +35,7 @@ from api.openapi import error_responses
 from api.rate_limit import retry_after_header
 from service.config import Settings
 from workers.contract.data_access import DataAccess
+from workers.contract.sections import MAX_STEPS
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 
 log = logging.getLogger(__name__)
@@ -42,13 +44,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 
 # A big model takes a while to convert; beyond this something is wrong.
 EXPORT_TIMEOUT_S = 3600.0
+# How much lower than the server an export's conversion runs (nice(1) levels).
+EXPORT_NICENESS = 10
 # A pin outlives the export by this much (a pin left by a server that died lapses then).
 PIN_MARGIN_S = 600.0
 # Exports convert one model each in a child process: a few at once use the host well.
 EXPORTS_AT_ONCE = 2
 EXPORTS_WAITING = 8
 EXPORT_RETRY_S = 30.0
-MAX_STEP = 2**63 - 1
 
 
 def _checkpoint(checkpoints: CheckpointStore, job_id: str, step: int | None) -> CommittedCheckpoint:
@@ -64,10 +67,12 @@ def _checkpoint(checkpoints: CheckpointStore, job_id: str, step: int | None) -> 
     return ckpt
 
 
-async def _run_export(ckpt: CommittedCheckpoint, out: Path, settings: Settings) -> None:
-    """The conversion, in a child process that reads files only the job could read. The
-    route awaits it on the event loop: no thread of the pool that serves every other
-    request waits on it."""
+async def _run_export(
+    ckpt: CommittedCheckpoint, out: Path, archive: Path, settings: Settings
+) -> None:
+    """The conversion and the zip, in a child process that reads files only the job could
+    read. The route awaits it on the event loop: no thread of the pool that serves every
+    other request waits on it, and none of the server's threads hold its GIL for it."""
     access = DataAccess.of(settings.data_roots, settings.private_dirs)
     env = {**os.environ, **access.env_vars()}
     child = await asyncio.create_subprocess_exec(
@@ -76,10 +81,16 @@ async def _run_export(ckpt: CommittedCheckpoint, out: Path, settings: Settings) 
         "workers.engine.hf_export",
         ckpt.path,
         str(out),
+        "--zip",
+        str(archive),
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
+    # Background work: on a busy host the API's own answers (/healthz, status reads) come
+    # first. (Set from here, not in a preexec_fn, which is unsafe with the server's threads.)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, child.pid, EXPORT_NICENESS)
     try:
         _, raw = await asyncio.wait_for(child.communicate(), EXPORT_TIMEOUT_S)
     except TimeoutError:
@@ -104,8 +115,9 @@ async def _run_export(ckpt: CommittedCheckpoint, out: Path, settings: Settings) 
 
 class ExportSlots:
     """At most `at_once` exports convert at a time, and at most `waiting` more wait for a
-    turn; beyond that a request is told to come back (429). Zipping runs on threads of
-    its own, not the request pool that also serves authentication and /healthz."""
+    turn; beyond that a request is told to come back (429). Finding and pinning the
+    checkpoint runs on threads of its own, not the request pool that also serves
+    authentication and /healthz."""
 
     def __init__(self, at_once: int = EXPORTS_AT_ONCE, waiting: int = EXPORTS_WAITING) -> None:
         self.at_once, self.waiting = at_once, waiting
@@ -131,12 +143,6 @@ class ExportSlots:
             self._in -= 1
 
 
-def _zip_folder(folder: Path, archive: Path) -> None:
-    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for path in sorted(folder.iterdir()):
-            zf.write(path, arcname=path.name)
-
-
 @router.get(
     "/{job_id}/export",
     response_class=FileResponse,
@@ -154,7 +160,7 @@ async def export_job(
     user: CurrentUser,
     store: StoreDep,
     settings: SettingsDep,
-    step: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
+    step: Annotated[int | None, Query(ge=1, le=MAX_STEPS)] = None,
 ) -> FileResponse:
     """A committed checkpoint (`step`, or the newest) as a Hugging Face Llama folder in a
     zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked. The
@@ -171,10 +177,8 @@ async def export_job(
         layout.exports_dir.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix="export-", dir=layout.exports_dir))
         try:
-            out = workdir / "model"
-            await _run_export(ckpt, out, settings)
             archive = workdir / "model.zip"
-            await loop.run_in_executor(slots.executor, _zip_and_remove, out, archive)
+            await _run_export(ckpt, workdir / "model", archive, settings)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -204,8 +208,3 @@ def _pinned_checkpoint(
     raise ApiError(
         409, "conflict", f"job {job_id}'s checkpoints are being replaced too fast; retry"
     )
-
-
-def _zip_and_remove(folder: Path, archive: Path) -> None:
-    _zip_folder(folder, archive)
-    shutil.rmtree(folder)

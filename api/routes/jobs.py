@@ -37,7 +37,7 @@ from service.store import JobStore
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import job_demand
 from workers.contract.lifecycle import JobState
-from workers.contract.sections import INIT_FROM
+from workers.contract.sections import INIT_FROM, MAX_STEPS
 from workers.contract.spec import JobSpec
 
 router = APIRouter(
@@ -256,7 +256,9 @@ def job_metrics(
     job_id: str,
     user: CurrentUser,
     views: ViewsDep,
-    since_step: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
+    # Steps are bounded by the spec (and stored as 32-bit integers): a larger one would
+    # overflow PostgreSQL's comparison.
+    since_step: Annotated[int, Query(ge=0, le=MAX_STEPS)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> Response:
     """Logged steps after `since_step`, in order."""

@@ -17,8 +17,9 @@ router = APIRouter(tags=["system"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up (says nothing about its dependencies)."""
+async def healthz() -> dict[str, str]:
+    """The process is up (says nothing about its dependencies). Answered on the event loop:
+    no hop to the thread pool, whose threads may all be busy with database reads."""
     return {"status": "ok"}
 
 

@@ -174,6 +174,12 @@ def test_bad_tokens_from_one_address_get_429_before_any_lookup(tmp_path: Path) -
         assert int(refused[0].headers["Retry-After"]) >= 1
         # The address is held back whatever token it sends, until its bucket refills.
         assert http.get("/v1/jobs", headers=good).status_code == 429
+        # Answered before routing (api/auth_guard.py): even a path with no route is a 429,
+        # in the one error shape.
+        unrouted = http.get("/v1/no/such/route", headers=bad)
+        assert unrouted.status_code == 429
+        assert unrouted.json()["error"] == refused[0].json()["error"]
+        assert set(unrouted.json()["error"]) == {"code", "message", "details"}
         # Health checks need no token and are never held back.
         assert http.get("/healthz").status_code == 200
     db.dispose()

@@ -3,8 +3,12 @@ of the real server, with a token, and no response is a 5xx or differs from the d
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,6 +35,11 @@ CHECKS = [
 ]
 # Per operation; 14 operations, so about a thousand requests per database.
 EXAMPLES = 80
+# The stateful phase's budget per database: sequences that follow the links schemathesis
+# infers (a submitted job's id into its GET, cancel, pause, resume, events, logs, faults,
+# export), a few hundred scenarios in this time.
+STATEFUL_S = 15
+SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 
 
 def test_every_reference_resolves(backend: Backend) -> None:
@@ -79,6 +88,52 @@ def test_generated_requests_match_the_document(backend: Backend) -> None:
     # The token worked and generated specs were accepted, not only refused.
     assert statuses.get(201, 0) > 0 and statuses.get(200, 0) > 0, statuses
     assert time.monotonic() - started < 120
+
+
+def test_stateful_sequences_pass_every_check(backend: Backend) -> None:
+    """schemathesis's own command line, as an outside prober would run it: every check,
+    stateful phase. All but `positive_data_acceptance`, which takes any 422 to a
+    schema-valid request for a failure: the document cannot say that a cursor must be one
+    the API returned, or a rank one the job has (the server says so, naming the field)."""
+    _, token = backend.new_user()
+    run = subprocess.run(
+        [
+            SCHEMATHESIS,
+            "run",
+            f"{backend.server.url}/openapi.json",
+            "--header",
+            f"Authorization: Bearer {token}",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "--phases",
+            "stateful",
+            "--max-time",
+            str(STATEFUL_S),
+            "--seed",
+            "3",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "10",
+            "--no-color",
+        ],
+        env={
+            **os.environ,
+            "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=STATEFUL_S * 8,
+    )
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-6000:]
+    assert "No issues found" in report, report[-3000:]
+    # The links were followed, not only the roots called.
+    covered = re.search(r"API Links:\s+(\d+) covered", report)
+    assert covered and int(covered.group(1)) >= 20, report[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from api.client import InvalidRequest
 from service.db import Database
-from service.local_ray import LocalRay
+from service.local_ray import LocalRay, host_cores
 from service.models import JobMetric
 from service.store import JobStore
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
@@ -87,6 +87,28 @@ def test_a_job_that_can_never_fit_is_refused_at_submit(service: ServiceFactory) 
             c.submit(too_big)
         assert err.value.code == "does_not_fit"
         assert "needs 12 CPU" in err.value.message and "has 8 CPU" in err.value.message
+
+
+def test_a_job_whose_ranks_would_crowd_the_cores_is_refused_at_submit(
+    service: ServiceFactory,
+) -> None:
+    """The embedded head declares 8 logical CPUs whatever the host has, and labels its real
+    cores: 8 ranks fit the CPUs, and are refused where each would get less of a core than
+    the server's minimum (set here to twice what 8 ranks get on this host)."""
+    cores = host_cores()
+    crowded = job_spec("crowded")
+    crowded["parallel"] = {"dp": 8}
+    crowded["train"] = {**crowded["train"], "global_batch_size": 8}
+    with service() as svc:
+        svc.settings = svc.settings.model_copy(update={"min_core_share": 2 * cores / 8})
+        with svc.running() as server, svc.client(server) as c:
+            with pytest.raises(InvalidRequest) as err:
+                c.submit(crowded)
+            assert err.value.code == "does_not_fit"
+            assert f"the job's 8 ranks would share the cluster's {cores} CPU cores" in (
+                err.value.message
+            )
+            assert "use at most 4 ranks" in err.value.message
 
 
 def test_second_job_waits_queued_with_a_reason_then_runs(service: ServiceFactory) -> None:

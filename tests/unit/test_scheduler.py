@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.scheduler import Queued, plan_admissions
-from workers.contract.demand import job_demand
+from workers.contract.demand import PROCESS_BYTES, job_demand
 from workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 8.0, "GPU": 0.0}
@@ -39,4 +39,5 @@ def test_demand_is_ranks_times_bundle() -> None:
             "resources": {"cpus_per_worker": 2, "gpus_per_worker": 1},
         }
     )
-    assert job_demand(spec) == {"CPU": 8.0, "GPU": 4.0}
+    # GPU ranks get no warm spares: four processes' memory, no training state on the host.
+    assert job_demand(spec) == {"CPU": 8.0, "GPU": 4.0, "memory": 4.0 * PROCESS_BYTES}

@@ -271,6 +271,10 @@ class FaultToleranceSpec(_Strict):
     # step's batch, at most this many times in the job's life (0: fail at once).
     max_nonfinite_skips: Annotated[int, Field(ge=0, le=1000)] = 3
     elastic: ElasticSpec | None = None
+    # The next attempt's processes started (torch imported) while this one trains, so a
+    # restart takes seconds less; they hold host memory, counted when the job is admitted.
+    # Only for CPU ranks, and only where the job may restart (max_failures > 0).
+    warm_spares: bool = True
 
 
 class ResourcesSpec(_Strict):

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -212,19 +214,32 @@ def export_checkpoint(
     return {"step": ckpt.step, "files": files, "bytes": total}
 
 
+def zip_folder(folder: Path, archive: Path) -> None:
+    """The folder's files, stored (safetensors do not compress), flat in `archive`."""
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for path in sorted(folder.iterdir()):
+            zf.write(path, arcname=path.name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workers.engine.hf_export CHECKPOINT OUT_DIR`: prints the summary as JSON;
-    exit 2 with the reason on stderr for a checkpoint that cannot be exported."""
+    """`python -m workers.engine.hf_export CHECKPOINT OUT_DIR [--zip ARCHIVE]`: prints the
+    summary as JSON; exit 2 with the reason on stderr for a checkpoint that cannot be
+    exported. `--zip` also stores the folder's files in ARCHIVE and removes the folder
+    (the API's export: the whole conversion stays out of the server's process)."""
     parser = argparse.ArgumentParser(prog="python -m workers.engine.hf_export")
     parser.add_argument("checkpoint")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
+    parser.add_argument("--zip", type=Path, default=None, dest="archive")
     ns = parser.parse_args(argv)
     try:
         summary = export_checkpoint(ns.checkpoint, ns.out_dir, max_shard_bytes=ns.max_shard_bytes)
     except (ExportError, PermissionError, FileNotFoundError) as err:
         sys.stderr.write(f"{err}\n")
         return 2
+    if ns.archive is not None:
+        zip_folder(ns.out_dir, ns.archive)
+        shutil.rmtree(ns.out_dir)
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 

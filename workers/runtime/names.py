@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 NAMESPACE = "shardline"
+# A node label (`ray start --labels shardline.io/cores=N`) with the node's real CPU cores,
+# where its logical CPUs are more (the embedded head's are): jobs whose ranks would each
+# get too small a share of them are refused.
+CORES_LABEL = "shardline.io/cores"
 
 
 def supervisor_name(job_id: str) -> str:

@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from workers.contract.demand import bundle_resources
+from workers.contract.demand import bundle_resources, warm_spares_wanted
 from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
@@ -193,7 +193,7 @@ class WorkerGroup:
 
     def make_spares(self) -> None:
         """Start the next attempt's actors now, so a restart finds them warm."""
-        if self.pg is None or self.spec.resources.gpus_per_worker > 0:
+        if self.pg is None or not warm_spares_wanted(self.spec):
             return
         locations = self._locations()
         self.spares.make(
