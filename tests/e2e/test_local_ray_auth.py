@@ -42,15 +42,20 @@ def test_a_state_dir_gets_a_private_token_of_its_own(
     assert _auth_token(tmp_path / "state") == (tmp_path / "operators-token").resolve()
 
 
+# A refused driver retries its first GCS call once a second, 20 times by default; 2 tries
+# show the refusal as well (the head is up: nothing else could fail in between).
+FEW_TRIES = {"RAY_gcs_server_port_wait_time_s": "2"}
+
+
 def test_a_client_without_the_token_is_refused(ray_cluster: LocalRay, tmp_path: Path) -> None:
     # Refused by Ray's authentication, not by any other crash on the way.
-    refused = connect(ray_cluster, tmp_path, {})
+    refused = connect(ray_cluster, tmp_path, FEW_TRIES)
     assert refused.returncode != 0 and "ran 42" not in refused.stdout
     assert "ray.exceptions.AuthenticationError" in refused.stderr, refused.stderr[-2000:]
     stray = tmp_path / ".ray" / "auth_token"
     stray.parent.mkdir()
     stray.write_text("not-the-heads-token")
-    wrong = connect(ray_cluster, tmp_path, {"RAY_AUTH_MODE": "token"})
+    wrong = connect(ray_cluster, tmp_path, {"RAY_AUTH_MODE": "token", **FEW_TRIES})
     assert wrong.returncode != 0 and "ran 42" not in wrong.stdout
     assert "ray.exceptions.AuthenticationError" in wrong.stderr, wrong.stderr[-2000:]
 
