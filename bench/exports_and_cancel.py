@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -66,8 +67,12 @@ def exports(svc: LocalService, client: Client, count: int) -> dict[str, Any]:
     _wait(client, job["id"], lambda j: bool(client.checkpoints(j["id"])), 300)
     headers = {"Authorization": f"Bearer {svc.token}"}
     results: list[dict[str, Any]] = [{} for _ in range(count)]
-    healthz_ms: list[float] = []
-    stop = threading.Event()
+    # The timer in a process of its own: the export clients' threads here would hold this
+    # process's GIL while they read their archives, and delay its timing.
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    timer = ctx.Process(target=time_healthz, args=(svc.url, stop, out))
+    timer.start()
 
     def export(i: int) -> None:
         started = time.monotonic()
@@ -80,22 +85,13 @@ def exports(svc: LocalService, client: Client, count: int) -> dict[str, Any]:
             **({"error": response.json()["error"]["code"]} if response.status_code >= 400 else {}),
         }
 
-    def healthz() -> None:
-        with httpx.Client(base_url=svc.url, timeout=30) as http:
-            while not stop.is_set():
-                started = time.perf_counter()
-                http.get("/healthz")
-                healthz_ms.append((time.perf_counter() - started) * 1000)
-                time.sleep(0.05)
-
-    timer = threading.Thread(target=healthz)
-    timer.start()
     clients = [threading.Thread(target=export, args=(i,)) for i in range(count)]
     for t in clients:
         t.start()
     for t in clients:
         t.join()
     stop.set()
+    healthz_ms: list[float] = out.get(timeout=60)
     timer.join()
     trained = client.get(job["id"])
     workers = worker_memory_mb()
@@ -130,6 +126,18 @@ def worker_memory_mb() -> list[dict[str, Any]]:
                 mem = proc.memory_full_info()
                 found.append({"rss": round(mem.rss / 2**20), "uss": round(mem.uss / 2**20)})
     return found
+
+
+def time_healthz(url: str, stop: Any, out: Any) -> None:
+    """GET /healthz every 50 ms until `stop`; the latencies (ms) go to `out`."""
+    times: list[float] = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while not stop.is_set():
+            started = time.perf_counter()
+            http.get("/healthz")
+            times.append((time.perf_counter() - started) * 1000)
+            time.sleep(0.05)
+    out.put(times)
 
 
 def cancel(client: Client, ranks: int) -> dict[str, Any]:

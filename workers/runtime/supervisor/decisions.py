@@ -3,6 +3,8 @@ is retried (the job's one failure budget), and whether a non-finite loss is roll
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +27,31 @@ class Decision:
 
 
 class FailurePolicy:
-    """Retry up to `max_failures` real failures in the job's life, waiting longer after
-    each. The count is the job's, stored with it: every supervisor starts from it and the
-    reconciler (a lost supervisor) decides by the same policy."""
+    """Retry up to `max_failures` real failures in the job's life. The count is the job's,
+    stored with it: every supervisor starts from it and the reconciler (a lost supervisor)
+    decides by the same policy.
+
+    Backoff is for crash loops only: a failure more than `healthy_s` after the one before
+    it (the job trained in between) is retried at once; each failure that follows its
+    predecessor sooner waits twice as long as the last, from `base_backoff_s` up to
+    `max_backoff_s`. Far-apart failures (a node lost today, a rank killed tomorrow) then
+    cost no waiting however many the job has had."""
 
     def __init__(
-        self, max_failures: int, base_backoff_s: float = 1.0, max_backoff_s: float = 60.0
+        self,
+        max_failures: int,
+        base_backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        healthy_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_failures = max_failures
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.healthy_s = healthy_s
+        self.clock = clock
+        self._last_failure_at: float | None = None
+        self._streak = 0  # failures in the current crash loop, this one included
 
     def decide(self, failures_so_far: int, error: str, *, deterministic: bool = False) -> Decision:
         """`failures_so_far` counts this failure too. A deterministic failure (the job's own
@@ -47,13 +64,23 @@ class FailurePolicy:
                 f"{error} (failure {failures_so_far}, more than "
                 f"fault_tolerance.max_failures={self.max_failures})",
             )
-        backoff = min(self.base_backoff_s * 2 ** (failures_so_far - 1), self.max_backoff_s)
+        backoff = self._backoff()
+        when = "at once" if backoff == 0 else f"in {backoff:.0f}s (a crash loop)"
         return Decision(
             True,
             f"{error} (failure {failures_so_far} of at most "
-            f"{self.max_failures}; restarting in {backoff:.0f}s)",
+            f"{self.max_failures}; restarting {when})",
             backoff,
         )
+
+    def _backoff(self) -> float:
+        now = self.clock()
+        apart = self._last_failure_at is None or now - self._last_failure_at >= self.healthy_s
+        self._streak = 1 if apart else self._streak + 1
+        self._last_failure_at = now
+        if self._streak == 1:
+            return 0.0
+        return min(self.base_backoff_s * 2 ** (self._streak - 2), self.max_backoff_s)
 
 
 @dataclass(frozen=True)
