@@ -8,6 +8,7 @@ measured in the same run (the framework's ceiling on this machine).
 
     .venv/bin/python -m bench.api_load [--database-url URL] [--connections 32]
         [--duration-s 10] [--server-src DIR] [--routes status,list]
+        [--loop auto|asyncio|uvloop] [--http auto|h11|httptools]
 
 `--database-url` names an empty database (PostgreSQL) to migrate and use; the default is
 a SQLite file in a temporary folder. `--server-src DIR` serves the API from another
@@ -51,8 +52,10 @@ SERVER = (
     "from api.app import create_app\n"
     "from service.config import Settings\n"
     "settings = Settings()\n"
+    "import os\n"
     "uvicorn.run(create_app(settings), host='127.0.0.1', port=settings.port,"
-    " log_level='warning')\n"
+    " log_level='warning', loop=os.environ.get('BENCH_LOOP', 'auto'),"
+    " http=os.environ.get('BENCH_HTTP', 'auto'))\n"
 )
 
 
@@ -221,6 +224,10 @@ def main() -> None:
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument("--server-src", type=Path, default=None)
     parser.add_argument("--label", default="", help="added to every line, e.g. before/after")
+    # uvicorn's event loop and HTTP parser: "auto" takes uvloop and httptools where they
+    # are installed; "asyncio" and "h11" are the pure-Python ones.
+    parser.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
+    parser.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
     parser.add_argument(
         "--routes",
         default=",".join(ROUTES),
@@ -237,6 +244,7 @@ def main() -> None:
         state_dir = Path(tmp)
         url = args.database_url or f"sqlite:///{state_dir / 'shardline.db'}"
         tokens, job_ids = seed(url, args.connections)
+        os.environ["BENCH_LOOP"], os.environ["BENCH_HTTP"] = args.loop, args.http
         proc, server_url = start_server(url, state_dir, args.server_src)
         try:
             target = Target(server_url, proc.pid, tokens, job_ids)
