@@ -35,27 +35,27 @@ def test_policy_backs_off_in_a_crash_loop_then_gives_up() -> None:
     now = [0.0]
     policy = FailurePolicy(max_failures=3, base_backoff_s=1.0, clock=lambda: now[0])
     first, second, third = (policy.decide(n, "boom") for n in (1, 2, 3))
-    assert (first.retry, first.backoff_s) == (True, 0.0) and "restarting at once" in first.reason
-    assert (second.retry, second.backoff_s) == (True, 1.0) and "crash loop" in second.reason
-    assert (third.retry, third.backoff_s) == (True, 2.0)
+    assert (first.retry, first.backoff_s) == (True, 1.0) and "restarting in 1s)" in first.reason
+    assert (second.retry, second.backoff_s) == (True, 2.0) and "crash loop" in second.reason
+    assert (third.retry, third.backoff_s) == (True, 4.0)
     fourth = policy.decide(4, "boom")
     assert not fourth.retry and "max_failures=3" in fourth.reason
 
 
-def test_failures_far_apart_are_retried_at_once_however_many() -> None:
+def test_failures_far_apart_wait_a_second_however_many() -> None:
     now = [0.0]
     policy = FailurePolicy(max_failures=10, base_backoff_s=1.0, clock=lambda: now[0])
     waits = []
     for n in range(1, 8):
         waits.append(policy.decide(n, "node lost").backoff_s)
         now[0] += 61.0  # a minute of training between failures
-    assert waits == [0.0] * 7
+    assert waits == [1.0] * 7  # the seventh no longer waits 64 s
     # Two in quick succession start a crash loop again; a healthy minute ends it.
-    assert policy.decide(8, "boom").backoff_s == 0.0
+    assert policy.decide(8, "boom").backoff_s == 1.0
     now[0] += 5.0
-    assert policy.decide(9, "boom").backoff_s == 1.0
+    assert policy.decide(9, "boom").backoff_s == 2.0
     now[0] += 60.0
-    assert policy.decide(10, "boom").backoff_s == 0.0
+    assert policy.decide(10, "boom").backoff_s == 1.0
 
 
 def test_policy_never_retries_an_error_of_the_job_itself() -> None:
