@@ -154,6 +154,3 @@ def core_share_refusal(spec: JobSpec, cores: float, min_share: float) -> str | N
         f"{most} ranks (parallel.dp x tp x pp), or add nodes"
     )
 
-
-def fits(demand: Resources, free: Resources) -> bool:
-    return not short_of(demand, free)
