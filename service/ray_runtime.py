@@ -23,6 +23,7 @@ from workers.contract.demand import (
     bundle_resources,
     cluster_refusal,
     core_share_refusal,
+    counted,
     describe,
 )
 from workers.contract.lifecycle import JobState
@@ -180,8 +181,7 @@ class RayRuntime:
 
     def _total(self) -> dict[str, float]:
         res = ray.cluster_resources()
-        # Ray always reports CPU and GPU (0 where none) and reports memory per node.
-        return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES if k != "memory" or k in res}
+        return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES if counted(k, res)}
 
     def cluster(self) -> ClusterInfo:
         available = ray.available_resources()
@@ -222,7 +222,8 @@ def node_cores(node: dict[str, Any]) -> float:
     embedded head does: it declares more logical CPUs than the host has cores), else its
     logical CPUs, which Ray sets to the cores unless told otherwise."""
     label = (node.get("Labels") or {}).get(CORES_LABEL)
+    cpus = float(node.get("Resources", {}).get("CPU", 0.0))
     try:
-        return float(label) if label else float(node.get("Resources", {}).get("CPU", 0.0))
+        return float(label) if label else cpus
     except ValueError:
-        return float(node.get("Resources", {}).get("CPU", 0.0))
+        return cpus

@@ -18,9 +18,9 @@ from service.models import Job
 from service.quotas import QUOTA_SETTINGS
 from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
 from workers.contract.demand import (
-    MEASURED_ONLY,
     RESOURCE_NAMES,
     TRAINING_BYTES_PER_PARAM,
+    counted,
     describe,
     job_demand,
     short_of,
@@ -124,7 +124,7 @@ def plan_admissions(
             admit.append(job.job_id)
             owner_held = held.setdefault(job.owner, {})
             for k in RESOURCE_NAMES:
-                if k in free or k not in MEASURED_ONLY:
+                if counted(k, free):
                     free[k] = free.get(k, 0) - job.demand.get(k, 0)
                 owner_held[k] = owner_held.get(k, 0.0) + job.demand.get(k, 0)
             continue
@@ -193,11 +193,7 @@ class Scheduler(PeriodicLoop):
             for k, v in demand[j.id].items():
                 used[k] += v
                 owner_held[k] = owner_held.get(k, 0.0) + v
-        free = {
-            k: total.get(k, 0) - used[k]
-            for k in RESOURCE_NAMES
-            if k in total or k not in MEASURED_ONLY
-        }
+        free = {k: total.get(k, 0) - used[k] for k in RESOURCE_NAMES if counted(k, total)}
         now = datetime.now(UTC)
         plan = plan_admissions(
             [

@@ -96,13 +96,16 @@ def describe(resources: Resources, *, memory: bool = False) -> str:
     return ", ".join(parts)
 
 
+def counted(name: str, reported: Resources | Any) -> bool:
+    """Whether resource `name` is admitted against, given what the cluster `reported`:
+    always for CPU and GPU (absent is none), a MEASURED_ONLY one only where reported."""
+    return name not in MEASURED_ONLY or name in reported
+
+
 def short_of(demand: Resources, free: Resources) -> list[str]:
-    """The resources `free` has too little of for `demand` (a MEASURED_ONLY one only where
-    `free` reports it)."""
+    """The resources `free` has too little of for `demand`."""
     return [
-        k
-        for k in RESOURCE_NAMES
-        if (k in free or k not in MEASURED_ONLY) and demand.get(k, 0) > free.get(k, 0) + 1e-9
+        k for k in RESOURCE_NAMES if counted(k, free) and demand.get(k, 0) > free.get(k, 0) + 1e-9
     ]
 
 
@@ -153,4 +156,3 @@ def core_share_refusal(spec: JobSpec, cores: float, min_share: float) -> str | N
         f"core (SHARDLINE_MIN_CORE_SHARE) to keep up with its collectives: use at most "
         f"{most} ranks (parallel.dp x tp x pp), or add nodes"
     )
-
