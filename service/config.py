@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     ray_auth_token: SecretStr | None = Field(default=None, validation_alias="RAY_AUTH_TOKEN")
     # Logical CPUs of a local Ray instance, so several CPU ranks fit a small machine.
     ray_num_cpus: Annotated[int, Field(ge=1)] = 8
+    # How long `serve` keeps trying to reach the cluster at ray_address before it gives up:
+    # in docker-compose the API may start before the head answers, and a Ray Client's
+    # first connection can fail while the head starts its per-client server.
+    ray_connect_timeout_s: Annotated[float, Field(ge=0)] = 60.0
     # The least share of a real CPU core each rank of a job must get (cores of the
     # cluster's nodes over the job's ranks): below it the job is refused at submit, since
     # its ranks would crawl and time out their collectives while loading every host.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from typing import Any
 
 import ray
@@ -152,17 +153,42 @@ class RayRuntime:
             # (what `docker stop`, systemd and Kubernetes rely on), so put it back.
             in_main = threading.current_thread() is threading.main_thread()
             previous = signal.getsignal(signal.SIGTERM) if in_main else None
-            ray.init(
-                address=self.address,
-                namespace=NAMESPACE,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-            )
+            self._connect()
             if in_main and previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         log.info("connected to Ray at %s: %s", self.address, self._total())
         self.reconciler.start()
         self.scheduler.start()
+
+    def _connect(self) -> None:
+        """ray.init, tried again until ray_connect_timeout_s: a head that is still starting
+        refuses connections, and a Ray Client's per-client server can fail to start once
+        on a loaded head; a server that exits then leaves compose to restart it blind."""
+        deadline = time.monotonic() + self.settings.ray_connect_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                ray.init(
+                    address=self.address,
+                    namespace=NAMESPACE,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+                return
+            except (ConnectionError, TimeoutError) as exc:
+                ray.shutdown()  # a half-made client context would refuse the next init
+                wait = min(2.0**attempt, 10.0)
+                if time.monotonic() + wait > deadline:
+                    raise
+                log.warning(
+                    "Ray at %s did not answer (attempt %d: %s); trying again in %.0f s",
+                    self.address,
+                    attempt,
+                    (str(exc).strip().splitlines() or [type(exc).__name__])[-1],
+                    wait,
+                )
+                time.sleep(wait)
 
     def stop(self) -> None:
         self.scheduler.stop()

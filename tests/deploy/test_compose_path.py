@@ -56,8 +56,16 @@ def ray_node(
         stop_session(proc.pid)
 
 
+def _client_server_logs(ray_temp_dir: Path) -> str:
+    """The head's Ray Client server logs: where a failed client connection says why."""
+    logs = sorted(ray_temp_dir.glob("session_*/logs/ray_client_server*"))
+    return "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-2000:]}" for p in logs)
+
+
 @contextmanager
-def serve(installed: InstalledWheel, env: dict[str, str], log: Path) -> Iterator[str]:
+def serve(
+    installed: InstalledWheel, env: dict[str, str], log: Path, ray_temp_dir: Path
+) -> Iterator[str]:
     """`shardline serve` from the wheel; yields its URL once it is ready."""
     url = f"http://127.0.0.1:{env['SHARDLINE_PORT']}"
     with log.open("ab") as out:
@@ -72,7 +80,9 @@ def serve(installed: InstalledWheel, env: dict[str, str], log: Path) -> Iterator
     try:
         deadline = time.monotonic() + 180
         while not _ready(url):
-            assert proc.poll() is None, f"serve exited: {log.read_text()[-3000:]}"
+            assert proc.poll() is None, (
+                f"serve exited: {log.read_text()[-3000:]}{_client_server_logs(ray_temp_dir)}"
+            )
             assert time.monotonic() < deadline, f"serve not ready: {log.read_text()[-3000:]}"
             time.sleep(0.5)
         yield url
@@ -145,7 +155,9 @@ def test_four_ranks_over_two_ray_nodes_with_postgres_and_installed_serve(
             "SHARDLINE_STATE_DIR": str(tmp_path / "state"),
             "SHARDLINE_STORAGE_ROOT": str(tmp_path / "storage"),
         }
-        url = stack.enter_context(serve(installed_wheel, serve_env, tmp_path / "serve.log"))
+        url = stack.enter_context(
+            serve(installed_wheel, serve_env, tmp_path / "serve.log", temp_dir)
+        )
         token = (tmp_path / "state" / "admin-token").read_text().strip()
         client = stack.enter_context(Client(url, token))
         wait_for_cpus(client, 2 * CPUS_PER_NODE)
