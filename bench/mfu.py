@@ -37,7 +37,8 @@ def with_overrides(spec: JobSpec, steps: int | None, compile_blocks: bool | None
 
 
 def measure(spec: JobSpec) -> dict[str, Any]:
-    summary = train_local(spec, spec.parallel.world_size)
+    logged: list[dict[str, Any]] = []
+    summary = train_local(spec, spec.parallel.world_size, on_metrics=logged.append)
     return {
         "bench": "mfu",
         "spec": spec.name,
@@ -53,6 +54,8 @@ def measure(spec: JobSpec) -> dict[str, Any]:
         "mfu": summary["mfu"],
         "peak_mem_bytes": summary["peak_mem_bytes"],
         "final_loss": summary["final_loss"],
+        # Where the last logged step's time went, per rank (CUDA events on a GPU).
+        "breakdown": logged[-1].get("breakdown") if logged else None,
     }
 
 

@@ -36,10 +36,24 @@ def test_mfu_runs_a_spec_on_the_devices_present(tmp_path: Path) -> None:
     assert isinstance(line["tokens_per_s"], float) and line["tokens_per_s"] > 0
     assert line["tokens_per_s"] == pytest.approx(4 * 32 / line["step_time_s"], rel=1e-2)
     assert isinstance(line["peak_mem_bytes"], int) and line["peak_mem_bytes"] > 0
+    assert [row["rank"] for row in line["breakdown"]] == [0, 1]
     if torch.cuda.is_available():
         assert line["device"] != "cpu"
     else:
         assert line["device"] == "cpu" and line["mfu"] is None
+
+
+def test_vs_plain_times_the_engine_and_a_plain_loop_in_turn(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "vs-plain", "model": {"preset": "tiny", "seq_len": 32},
+        "train": {"steps": 5, "global_batch_size": 4, "micro_batch_size": 2},
+    }))
+    line = bench("bench.vs_plain", str(spec), "--steps", "2", "--rounds", "2")
+    assert set(line["step_s"]) == {"engine", "plain", "engine_logged"}
+    assert all(len(times) == 2 and min(times) > 0 for times in line["step_s"].values())
+    # A tiny model on a loaded CPU: the ratio is only known to be a sane number here.
+    assert 0.2 < line["ratio"] < 5 and 0.2 < line["ratio_logged"] < 5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

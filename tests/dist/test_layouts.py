@@ -43,11 +43,26 @@ def assert_same_training(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) 
     assert ours[-1]["loss"] < ours[0]["loss"] * 0.9
 
 
+def assert_breakdown_adds_up(metrics: list[dict[str, Any]], parallel: dict[str, Any]) -> None:
+    """Every rank's parts of each logged step add up to its step time (within 10%)."""
+    world = parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1)
+    for m in metrics[2:]:  # after the first steps' allocation and warm-up
+        assert [row["rank"] for row in m["breakdown"]] == list(range(world))
+        for row in m["breakdown"]:
+            parts = row["data_s"] + row["compute_s"] + row["comm_s"] + row["bubble_s"]
+            assert parts == pytest.approx(row["step_s"], rel=0.1), (m["step"], row)
+            assert row["compute_s"] > 0 and row["comm_s"] > 0  # the loss is all-reduced
+    # A pipeline's ranks wait for each other somewhere; other layouts have no bubble.
+    bubbles = [row["bubble_s"] for m in metrics for row in m["breakdown"]]
+    assert (max(bubbles) > 0) == ("pp" in parallel)
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_process(layout: str, single_process: list[dict[str, Any]]
                                        ) -> None:
     metrics, summary = run(tiny_spec(parallel=LAYOUTS[layout], train=TRAIN))
     assert_same_training(metrics, single_process)
+    assert_breakdown_adds_up(metrics, LAYOUTS[layout])
     # The summary's loss is the last step's, which the single process also reached.
     assert summary["final_loss"] == pytest.approx(single_process[-1]["loss"], rel=1e-4)
     assert summary["steps"] == 10 and summary["tokens_per_s"] > 0

@@ -61,6 +61,9 @@ def test_submitted_job_trains_to_success_like_shardline_train(
             assert (got["step"], got["lr"]) == (ref["step"], ref["lr"])
             assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["step"]
             assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4), got["step"]
+            # Where each rank's step went reaches the API, one row per rank.
+            assert [row["rank"] for row in got["breakdown"]] == [0, 1], got["step"]
+            assert all(row["compute_s"] > 0 for row in got["breakdown"])
         assert metrics[-1]["loss"] < metrics[0]["loss"]
         assert done["step"] == 8 and done["latest_metrics"]["step"] == 8
         db = Database(svc.database_url)

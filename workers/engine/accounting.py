@@ -20,6 +20,10 @@ BF16_PEAK_FLOPS = {
 }
 
 
+# What memory_held counts, in its order.
+MEMORY_KINDS = ("params", "grads", "optim")
+
+
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -10,6 +10,7 @@ element counts exactly once.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 from workers.engine.dtensor import local_part
+from workers.engine.step_clock import StepClock
 
 
 def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
@@ -41,25 +43,49 @@ def _copies(grad: torch.Tensor, stage_ranks: int) -> int:
     return stage_ranks // shards
 
 
+def _squared_norm(grads: list[torch.Tensor], stage_ranks: int) -> torch.Tensor:
+    """This rank's share of the global squared norm, on the device.
+
+    One fused norm per tensor (`torch._foreach_norm`, as torch's own clip_grad_norm_),
+    grouped by dtype and copy count; only the per-tensor norms are widened to fp64. A
+    per-gradient `.double().pow(2)` would copy every gradient twice in fp64: on a 1B model
+    on an H200 that alone made the step 9% slower than a plain PyTorch loop.
+    """
+    groups: dict[tuple[torch.dtype, int], list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        part = local_part(g).detach()
+        groups[(part.dtype, _copies(g, stage_ranks))].append(part)
+    total = torch.zeros((), dtype=torch.float64, device=grads[0].device)
+    for (_, copies), parts in groups.items():
+        norms = torch.stack(torch._foreach_norm(parts)).double()
+        total += norms.pow(2).sum() / copies
+    return total
+
+
 def clip_grad_norm(
-    params: Iterable[torch.nn.Parameter], max_norm: float, *, stage_ranks: int
+    params: Iterable[torch.nn.Parameter],
+    max_norm: float,
+    *,
+    stage_ranks: int,
+    clock: StepClock | None = None,
 ) -> float:
     """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm.
 
     `stage_ranks` is dp x tp: the ranks that share one pipeline stage. Call
     `settle_partial_grads` first.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    device = grads[0].device
-    local = torch.zeros((), dtype=torch.float64, device=device)
-    for g in grads:
-        local += local_part(g).detach().double().pow(2).sum() / _copies(g, stage_ranks)
-    if dist.is_initialized():
-        dist.all_reduce(local)
-    total = float(local.sqrt().item())
-    if math.isfinite(max_norm) and total > max_norm:
-        scale = max_norm / (total + 1e-6)
-        torch._foreach_mul_([local_part(g) for g in grads], scale)
+    clock = clock or StepClock(torch.device("cpu"))  # disarmed: times nothing
+    with clock.part("compute"):
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return 0.0
+        local = _squared_norm(grads, stage_ranks)
+    with clock.part("comm"):  # the reduction, and the host waiting for its result
+        if dist.is_initialized():
+            dist.all_reduce(local)
+        total = float(local.sqrt().item())
+    with clock.part("compute"):
+        if math.isfinite(max_norm) and total > max_norm:
+            scale = max_norm / (total + 1e-6)
+            torch._foreach_mul_([local_part(g) for g in grads], scale)
     return total

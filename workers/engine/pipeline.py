@@ -74,15 +74,22 @@ def build_schedule(
     schedule: PipelineSchedule,
     loss_fn: LossFn,
     device: torch.device,
+    wrap_chunk: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
 ) -> _PipelineSchedule:
     """The pipeline schedule over this rank's (already parallelised) stages.
 
     Every rank gets the loss function, or the schedule would run forward only on some.
+    `wrap_chunk` wraps each stage's forward and backward of one micro-batch (the step
+    clock times them there: the rest of the schedule's time is bubble).
     """
     stages: list[_PipelineStageBase] = [
         PipelineStage(module, index, num_stages, device, group=pp_mesh.get_group())
         for index, module in parts
     ]
+    if wrap_chunk is not None:
+        for stage in stages:
+            stage.forward_one_chunk = wrap_chunk(stage.forward_one_chunk)  # type: ignore[method-assign]
+            stage.backward_one_chunk = wrap_chunk(stage.backward_one_chunk)  # type: ignore[method-assign]
     if schedule == PipelineSchedule.interleaved_1f1b:
         return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn)
     cls = ScheduleGPipe if schedule == PipelineSchedule.gpipe else Schedule1F1B

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.contract.spec import JobSpec, Precision, spec_hash
-from workers.engine.accounting import memory_held, peak_flops
+from workers.engine.accounting import MEMORY_KINDS, memory_held, peak_flops
 from workers.engine.checkpoint.manager import CheckpointManager
 from workers.engine.checkpoint.state import ModelAndOptimizer, RngState
 from workers.engine.checkpoint.tier import CommitSink, EventSink
@@ -40,6 +40,7 @@ from workers.engine.parts import build_model_parts
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
+from workers.engine.step_clock import PARTS, PIPELINE, StepClock
 from workers.storage.layout import CheckpointLocations
 from workers.storage.skipped_batches import SkippedBatches
 
@@ -95,6 +96,9 @@ class Trainer:
             fused=tr.fused_optimizer,
         )
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
+        self.clock = StepClock(device)
+        self._params = self.parts.parameters()  # fixed once built: not listed per step
+        self._logged_local: list[float] = []  # this rank's memory and parts, logged steps
         self.pipeline = None
         if self.dims.pp > 1:
             self.pipeline = build_schedule(
@@ -105,6 +109,7 @@ class Trainer:
                 schedule=spec.parallel.pp_schedule,
                 loss_fn=self._pipeline_loss,
                 device=device,
+                wrap_chunk=self.clock.chunk,
             )
         self.loader = build_loader(
             spec, dp_rank=self.dp_mesh.get_local_rank(), dp_size=self.dims.dp
@@ -205,43 +210,62 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """Run optimizer step `self.step + 1`; returns its metrics."""
         step = self.step + 1
+        logged = self._should_log(step)
+        clock = self.clock
+        clock.arm(logged)
         start = time.perf_counter()
-        local_loss = self._forward_backward(self.loader.train_batch(step).to(self.device))
+        with clock.part("data"):
+            rows = self.loader.train_batch(step).to(self.device)
+        with clock.part(PIPELINE if self.pipeline is not None else "compute"):
+            local_loss = self._forward_backward(rows)
         if self.dims.syncs_grads_after_backward:
-            all_reduce_grads(self.parts.parameters(), self.dp_mesh)
+            with clock.part("comm"):
+                all_reduce_grads(self._params, self.dp_mesh)
         if self.grad_hook is not None:
             self.grad_hook(step, self.parts.modules)
 
-        params = self.parts.parameters()
-        lr = lr_at(
-            step,
-            lr=self.spec.train.lr,
-            min_lr=self.spec.train.min_lr,
-            warmup_steps=self.spec.train.warmup_steps,
-            total_steps=self.spec.train.steps,
-        )
-        self.optimizers.set_lr(lr)
-        settle_partial_grads(params)
-        skipped = self.scaler.unscale_and_check(params)
+        with clock.part("compute"):
+            params = self._params
+            lr = lr_at(
+                step,
+                lr=self.spec.train.lr,
+                min_lr=self.spec.train.min_lr,
+                warmup_steps=self.spec.train.warmup_steps,
+                total_steps=self.spec.train.steps,
+            )
+            self.optimizers.set_lr(lr)
+            if self.dims.tp > 1:  # only tensor parallel leaves partial sums
+                settle_partial_grads(params)
+            skipped = self.scaler.unscale_and_check(params)
         grad_norm = math.nan
         if not skipped:
             grad_norm = clip_grad_norm(
                 params,
                 self.spec.train.grad_clip or math.inf,
                 stage_ranks=self.dims.dp * self.dims.tp,
+                clock=clock,
             )
-            self.optimizers.step()
-        self.scaler.update(skipped)
-        logged = self._should_log(step)
-        memory = self._max_over_world(memory_held(params, self.optimizers)) if logged else None
-        self.optimizers.zero_grad(set_to_none=True)
-        loss_value = self._global_mean(local_loss)
+            with clock.part("compute"):
+                self.optimizers.step()
+        with clock.part("compute"):
+            self.scaler.update(skipped)
+            memory = memory_held(params, self.optimizers) if logged else None
+            self.optimizers.zero_grad(set_to_none=True)
+        with clock.part("comm"):
+            loss_value = self._global_mean(local_loss)
         if not math.isfinite(loss_value):  # the same value on every rank: all raise
             raise NonFiniteLoss(step, loss_value, self.loader.batch_of(step))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - start
         self.step = step
+        if memory is not None:  # gathered over the world after the step (see train)
+            parts = clock.seconds()
+            self._logged_local = [
+                *(memory[kind] for kind in MEMORY_KINDS),
+                *(parts[part] for part in PARTS),
+                step_time,
+            ]
 
         tokens_per_s = self.tokens_per_step / step_time
         metrics: dict[str, Any] = {
@@ -253,8 +277,6 @@ class Trainer:
             "step_time_s": step_time,
             "mfu": self._mfu(tokens_per_s),
         }
-        if memory is not None:
-            metrics["mem_bytes"] = memory
         if self.scaler.enabled:
             metrics.update(
                 loss_scale=self.scaler.scale,
@@ -262,6 +284,32 @@ class Trainer:
                 skipped_steps=self.scaler.skipped_steps,
             )
         return metrics
+
+    def _gather_logged(self, metrics: dict[str, Any]) -> None:
+        """A logged step's memory (the most any rank holds, per kind) and every rank's
+        breakdown of its step, in one collective after the step's checkpoint."""
+        own = self._logged_local
+        held = metrics.get("checkpoint_blocking_s", 0.0) + metrics.get("snapshot_blocking_s", 0.0)
+        own[len(MEMORY_KINDS) + PARTS.index("checkpoint")] = held
+        local = torch.tensor(own, dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and self.dims.world_size > 1:
+            rows = [torch.empty_like(local) for _ in range(self.dims.world_size)]
+            dist.all_gather(rows, local)
+        else:
+            rows = [local]
+        table = torch.stack(rows).tolist()
+        n = len(MEMORY_KINDS)
+        metrics["mem_bytes"] = {
+            kind: int(max(row[i] for row in table)) for i, kind in enumerate(MEMORY_KINDS)
+        }
+        metrics["breakdown"] = [
+            {
+                "rank": rank,
+                **{f"{part}_s": row[n + i] for i, part in enumerate(PARTS)},
+                "step_s": row[-1],
+            }
+            for rank, row in enumerate(table)
+        ]
 
     def _max_over_world(self, values: dict[str, int]) -> dict[str, int]:
         """The most any rank holds, per kind (ranks differ under pp and uneven ZeRO-1)."""
@@ -331,6 +379,8 @@ class Trainer:
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
             metrics.update(self.checkpoints.save(self.step, last_step=self.step == total))
+            if self._should_log(self.step):
+                self._gather_logged(metrics)
             last = metrics
             if self._should_log(self.step) and self.on_metrics is not None:
                 self.on_metrics(metrics)
