@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.cli import demo, hf, jobs, login, migrate, pausing, serve, train, watching
+from api.cli import demo, hf, jobs, login, migrate, pausing, plan, serve, train, watching
 from api.cli.tokens import tokens_app
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app = typer.Typer(
     help="Shardline: train large language models on your own cluster.",
 )
 app.command()(train.train)
+app.command()(plan.plan)
 app.command()(serve.serve)
 app.command()(migrate.migrate)
 app.command()(demo.demo)

@@ -12,6 +12,7 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
+from workers.contract.memory_model import model_state_bytes
 from workers.engine.dtensor import local_part
 from workers.engine.trainer import Trainer
 
@@ -62,6 +63,12 @@ def test_zero_stages_shrink_what_each_rank_holds(
     for stage in (2, 3):
         for kind in ("params", "grads", "optim"):
             assert fraction(stage, kind) == pytest.approx(0.25, abs=0.01), (stage, kind)
+    # The memory model, from the spec alone, within 5% of every stage's measured bytes.
+    for stage, measured in held.items():
+        spec = tiny_spec(parallel={"dp": 4, "zero_stage": stage})
+        predicted = model_state_bytes(spec.model.resolved(), spec.parallel)
+        for kind, want in predicted.items():
+            assert measured[kind] == pytest.approx(want, rel=0.05), (stage, kind)
 
 
 def held_fraction(tensors: Sequence[torch.Tensor]) -> float:

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import run, tiny_spec
+from workers.contract.memory_model import model_state_bytes
+from workers.contract.spec import JobSpec
 
 # The tiny preset splits: 4 heads and 2 kv heads over tp=2, 4 layers over up to 4 stages.
 TRAIN = {"eval_every": 5}
@@ -43,6 +45,18 @@ def assert_same_training(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) 
     assert ours[-1]["loss"] < ours[0]["loss"] * 0.9
 
 
+def assert_memory_model_holds(spec: JobSpec, measured: dict[str, int]) -> None:
+    """The model-state bytes predicted from the spec alone are within 5% of what the
+    busiest rank held (the P2 memory model's bar)."""
+    predicted = model_state_bytes(spec.model.resolved(), spec.parallel)
+    for kind, want in predicted.items():
+        assert measured[kind] == pytest.approx(want, rel=0.05), (kind, measured, predicted)
+
+
+def test_memory_model_holds_for_one_process(single_process: list[dict[str, Any]]) -> None:
+    assert_memory_model_holds(tiny_spec(train=TRAIN), single_process[-1]["mem_bytes"])
+
+
 def assert_breakdown_adds_up(metrics: list[dict[str, Any]], parallel: dict[str, Any]) -> None:
     """Every rank's parts of each logged step add up to its step time (within 10%)."""
     world = parallel.get("dp", 1) * parallel.get("tp", 1) * parallel.get("pp", 1)
@@ -60,9 +74,11 @@ def assert_breakdown_adds_up(metrics: list[dict[str, Any]], parallel: dict[str, 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_process(layout: str, single_process: list[dict[str, Any]]
                                        ) -> None:
-    metrics, summary = run(tiny_spec(parallel=LAYOUTS[layout], train=TRAIN))
+    spec = tiny_spec(parallel=LAYOUTS[layout], train=TRAIN)
+    metrics, summary = run(spec)
     assert_same_training(metrics, single_process)
     assert_breakdown_adds_up(metrics, LAYOUTS[layout])
+    assert_memory_model_holds(spec, metrics[-1]["mem_bytes"])
     # The summary's loss is the last step's, which the single process also reached.
     assert summary["final_loss"] == pytest.approx(single_process[-1]["loss"], rel=1e-4)
     assert summary["steps"] == 10 and summary["tokens_per_s"] > 0

@@ -23,12 +23,21 @@ from workers.engine.step_clock import StepClock
 
 def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
     """Reduce gradients DTensor left as partial sums (the norm weights under sequence
-    parallelism) so every rank holds true gradient values."""
+    parallelism) so every rank holds true gradient values, and cut gradients that came
+    back whole for a sharded parameter (the first pipeline stage's vocab-sharded embedding
+    under tp: its whole gradient doubled that stage's gradient bytes) to the parameter's
+    own placements, a local slice without communication."""
     for p in params:
         g = p.grad
-        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+        if not isinstance(g, DTensor):
+            continue
+        if any(pl.is_partial() for pl in g.placements):
             placements = [Replicate() if pl.is_partial() else pl for pl in g.placements]
-            p.grad = g.redistribute(g.device_mesh, placements)
+            g = p.grad = g.redistribute(g.device_mesh, placements)
+        if isinstance(p, DTensor) and g.placements != p.placements and all(
+            pl.is_replicate() for pl in g.placements
+        ):
+            p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
 def _copies(grad: torch.Tensor, stage_ranks: int) -> int:
