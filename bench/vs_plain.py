@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +35,7 @@ from bench.mfu import device_name
 from workers.contract.net import free_port
 from workers.contract.sections import MAX_STEPS
 from workers.contract.spec import JobSpec, load_spec
+from workers.engine.calibrate import seconds_per_call
 from workers.engine.compiling import apply_compile
 from workers.engine.data import build_loader
 from workers.engine.distributed import init_world, leave_world, pick_device
@@ -89,19 +89,6 @@ class PlainLoop:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def timed_round(step: Callable[[], Any], steps: int, device: torch.device) -> float:
-    for _ in range(2):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / steps
-
-
 def measure(spec: JobSpec, logged: JobSpec, steps: int, rounds: int) -> dict[str, Any]:
     device = pick_device(0)
     init_world(
@@ -117,7 +104,7 @@ def measure(spec: JobSpec, logged: JobSpec, steps: int, rounds: int) -> dict[str
         times: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(rounds):
             for side, step in sides.items():
-                times[side].append(timed_round(step, steps, device))
+                times[side].append(seconds_per_call(step, steps, device, warmup=2))
     finally:
         leave_world()
     medians = {side: statistics.median(values) for side, values in times.items()}

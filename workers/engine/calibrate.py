@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -42,9 +43,13 @@ def device_kind(device: torch.device) -> str:
     return next((kind for kind in ("h200", "h100", "a100") if kind in name), "h100")
 
 
-def _timed(run: object, repeats: int, device: torch.device) -> float:
-    assert callable(run)
-    run()  # warm-up: allocation, kernels chosen
+def seconds_per_call(
+    run: Callable[[], object], repeats: int, device: torch.device, warmup: int = 1
+) -> float:
+    """Mean seconds of `run()` after `warmup` calls (allocation, kernels chosen), the
+    device synchronised only before and after the timed calls."""
+    for _ in range(warmup):
+        run()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -76,7 +81,7 @@ def model_rate(spec: JobSpec, device: torch.device) -> float:
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core's rate: the cost model shares cores over ranks
     try:
-        seconds = _timed(step, 3, device)
+        seconds = seconds_per_call(step, 3, device)
     finally:
         torch.set_num_threads(threads)
     return flops_per_token(resolved) * rows[:, :-1].numel() / seconds
@@ -84,7 +89,7 @@ def model_rate(spec: JobSpec, device: torch.device) -> float:
 
 def memory_rate(device: torch.device) -> float:
     x = torch.zeros(64 << 20, dtype=torch.float32, device=device)
-    return 2 * x.numel() * 4 / _timed(lambda: x.add_(1.0), 5, device)
+    return 2 * x.numel() * 4 / seconds_per_call(lambda: x.add_(1.0), 5, device)
 
 
 def _all_reduce_rank(rank: int, port: int, out: object) -> None:
@@ -99,7 +104,7 @@ def _all_reduce_rank(rank: int, port: int, out: object) -> None:
         times = []
         for size in (SMALL, LARGE):
             t = torch.zeros(size // 4)
-            times.append(_timed(lambda t=t: dist.all_reduce(t), 10, torch.device("cpu")))
+            times.append(seconds_per_call(lambda t=t: dist.all_reduce(t), 10, torch.device("cpu")))
         if rank == 0:  # with its resident set: a rank's runtime, before any model
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             out.put((times, rss))  # type: ignore[attr-defined]

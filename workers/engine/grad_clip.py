@@ -34,8 +34,10 @@ def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:
         if any(pl.is_partial() for pl in g.placements):
             placements = [Replicate() if pl.is_partial() else pl for pl in g.placements]
             g = p.grad = g.redistribute(g.device_mesh, placements)
-        if isinstance(p, DTensor) and g.placements != p.placements and all(
-            pl.is_replicate() for pl in g.placements
+        if (
+            isinstance(p, DTensor)
+            and g.placements != p.placements
+            and all(pl.is_replicate() for pl in g.placements)
         ):
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
