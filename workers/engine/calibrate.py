@@ -18,6 +18,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -103,8 +104,10 @@ def _all_reduce_rank(rank: int, port: int, out: object) -> None:
     try:
         times = []
         for size in (SMALL, LARGE):
-            t = torch.zeros(size // 4)
-            times.append(seconds_per_call(lambda t=t: dist.all_reduce(t), 10, torch.device("cpu")))
+            tensor = torch.zeros(size // 4)
+            times.append(
+                seconds_per_call(partial(dist.all_reduce, tensor), 10, torch.device("cpu"))
+            )
         if rank == 0:  # with its resident set: a rank's runtime, before any model
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             out.put((times, rss))  # type: ignore[attr-defined]
