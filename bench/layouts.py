@@ -45,12 +45,17 @@ def parse_layout(text: str) -> dict[str, Any]:
     return out
 
 
-def run_layout(base: JobSpec, layout: str) -> dict[str, Any]:
+def layout_spec(base: JobSpec, layout: str) -> JobSpec:
+    """`base` with the layout `layout` ("pp=2,tp=2") in place of its own."""
     data = base.model_dump(mode="json")
     data["parallel"] = {**{"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0}, **parse_layout(layout)}
     if data["parallel"].get("pp_virtual_stages", 1) > 1:
         data["parallel"].setdefault("pp_schedule", "interleaved_1f1b")
-    spec = JobSpec.model_validate(data)
+    return JobSpec.model_validate(data)
+
+
+def run_layout(base: JobSpec, layout: str) -> dict[str, Any]:
+    spec = layout_spec(base, layout)
     held: dict[str, int] = {}
     summary = train_local(
         spec, spec.parallel.world_size, on_metrics=lambda m: held.update(m.get("mem_bytes", {}))

@@ -59,7 +59,7 @@ def plan(
     from workers.contract.planner import plan as plan_layouts
 
     spec = read_spec(spec_path)
-    rates, calibrated = _rates(spec, device, rates_file, calibrate)
+    rates, calibrated = _rates(spec, ranks, device, rates_file, calibrate)
     planned = plan_layouts(
         spec, ranks, rates, ranks_per_node=gpus_per_node, device_memory=device_memory
     )
@@ -86,7 +86,7 @@ def plan(
 
 
 def _rates(
-    spec: JobSpec, device: str | None, rates_file: Path, calibrate: bool
+    spec: JobSpec, ranks: int, device: str | None, rates_file: Path, calibrate: bool
 ) -> tuple[Rates, bool]:
     """The rates to plan with, and whether they were measured on this machine."""
     if device is not None and device not in DEFAULT_RATES:
@@ -95,7 +95,7 @@ def _rates(
         from workers.engine.calibrate import calibrate as measure
 
         err_console.print("calibrating: the model's rate, memory and all-reduce speed ...")
-        rates = measure(spec)
+        rates = measure(spec, ranks)
         rates_file.parent.mkdir(parents=True, exist_ok=True)
         rates_file.write_text(json.dumps(rates.to_json(), indent=1))
         err_console.print(f"rates saved to {rates_file}")

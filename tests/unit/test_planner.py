@@ -58,9 +58,7 @@ def test_the_terms_move_the_way_the_choices_say() -> None:
     full_ac = predict(tiny(activation_checkpointing="full"), rates)
     assert full_ac.terms["compute_s"] > base.terms["compute_s"]
     assert full_ac.terms["activation_bytes"] < base.terms["activation_bytes"]
-    one_f_one_b = JobSpec.model_validate(
-        {**spec.model_dump(mode="json"), "parallel": {"pp": 2}}
-    )
+    one_f_one_b = JobSpec.model_validate({**spec.model_dump(mode="json"), "parallel": {"pp": 2}})
     gpipe = JobSpec.model_validate(
         {**spec.model_dump(mode="json"), "parallel": {"pp": 2, "pp_schedule": "gpipe"}}
     )

@@ -31,6 +31,9 @@ from workers.contract.sections import ActivationCheckpointing, PipelineSchedule,
 from workers.contract.spec import JobSpec
 
 INTRA, INTER = "intra", "inter"  # links within one node, and between nodes
+# The vocabulary-parallel loss's collectives per micro-batch (max, sum, target logit),
+# forward and backward, and the embedding's output.
+TP_LOSS_COLLECTIVES = 4
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,14 @@ class Rates:
     device: str
     flops_per_s: float  # training FLOP/s one rank sustains (CPU: one core) in the precision
     bandwidth: dict[str, float]  # collective bus bytes/s by link kind (INTRA, INTER)
-    latency_s: float  # fixed cost of one collective
+    latency_s: float  # fixed cost of one collective (on a CPU: at the planned world size)
     memory_bytes_per_s: float  # for the optimizer's elementwise pass
     runtime_bytes: int  # what a rank holds before any model: the process, or CUDA context
     overlap: float  # share of FSDP/DDP collectives hidden behind compute
     cores: float | None = None  # a CPU host's cores, shared by its ranks
+    # Bytes a step really keeps per byte of activations this model counts (saved tensors
+    # it does not list, the allocator's slack): measured by calibration.
+    activation_scale: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +121,16 @@ def _activation_bytes(spec: JobSpec) -> float:
     return full
 
 
+def micro_batch_activation_bytes(spec: JobSpec) -> float:
+    """What one micro-batch's forward keeps for backward on one rank holding the whole
+    model (the unit calibration compares a real step's memory with)."""
+    r = spec.model.resolved()
+    micro_tokens = spec.train.micro_batch_size * r["seq_len"]
+    element = FP32 if spec.precision == Precision.fp32 else 2
+    logits = micro_tokens * r["vocab_size"] * (2 * FP32 + element)
+    return _activation_bytes(spec) * micro_tokens * r["n_layers"] + logits
+
+
 def _in_flight(spec: JobSpec) -> float:
     """Micro-batches whose activations a rank holds at once."""
     par, m = spec.parallel, spec.accumulation_steps
@@ -161,32 +177,40 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
     states = model_state_bytes(r, par)
     zero0 = model_state_bytes(r, par.model_copy(update={"zero_stage": 0}))
     stage_params = zero0["params"]  # bytes of this rank's (tp-cut) stage, unsharded
+    layers_here = r["n_layers"] // par.pp
     hidden, exposed = 0.0, 0.0
     dp, zero = par.dp, par.zero_stage if par.dp > 1 else 0
     if dp > 1:
         share = (dp - 1) / dp
         if zero <= 1:
+            # One bucketed all-reduce on the last micro-batch (DDP), or one flat one after
+            # backward (with pp or tp, not overlapped: data_parallel.py).
             all_reduce = _collective(rates, links["dp"], 2 * share * stage_params, 1)
-            if par.pp > 1 or par.tp > 1:  # after backward, not overlapped (data_parallel.py)
+            if par.pp > 1 or par.tp > 1:
                 exposed += all_reduce
             else:
                 hidden += all_reduce
-            if zero == 1:  # the updated slices gathered back
+            if zero == 1:  # the updated slices gathered back, in one collective
                 exposed += _collective(rates, links["dp"], share * stage_params, 1)
         else:
+            # FSDP: per micro-batch, each unit (a block, and the root) gathers its
+            # parameters (twice under zero 3: forward and backward) and reduce-scatters
+            # its gradients.
             gather_bytes = stage_params // FP32 * (2 if _fsdp_bf16(spec) else FP32)
             gathers = 1 if zero == 2 else 2
+            units = layers_here + 1
             per_micro = gathers * share * gather_bytes + share * stage_params
-            hidden += _collective(rates, links["dp"], m * per_micro, m * (gathers + 1))
-    layers_here = r["n_layers"] // par.pp
+            hidden += _collective(rates, links["dp"], m * per_micro, m * units * (gathers + 1))
     if par.tp > 1:
+        # Two all-reduces (or a reduce-scatter and an all-gather under SP) per block in
+        # forward and two in backward, plus the vocabulary-parallel loss's few.
         act = micro_tokens * r["dim"] * element
-        count = 4 * layers_here * m
+        count = m * (4 * layers_here + TP_LOSS_COLLECTIVES)
         exposed += _collective(rates, links["tp"], count * 2 * (par.tp - 1) / par.tp * act, count)
     if par.pp > 1:
         sends = 2 * m * par.pp_virtual_stages
         exposed += _collective(rates, links["pp"], sends * micro_tokens * r["dim"] * element, sends)
-    # The loss (and norm) all-reduces: latency only.
+    # The loss and gradient-norm all-reduces: latency only.
     exposed += 2 * rates.latency_s if world > 1 else 0.0
     comm = exposed + hidden * (1.0 - rates.overlap)
 
@@ -201,8 +225,10 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
 
     activations = _activation_bytes(spec) * micro_tokens * layers_here * _in_flight(spec)
     logits = micro_tokens * r["vocab_size"] / par.tp * (2 * FP32 + element)
+    activations *= rates.activation_scale
+    logits *= rates.activation_scale
     model_state = sum(states.values())
-    peak = rates.runtime_bytes + model_state + activations + logits
+    peak = rates.runtime_bytes + model_state + activations + logits + _transient(spec, zero0)
     return Prediction(
         step_s=step,
         tokens_per_s=tokens / step,
@@ -216,6 +242,23 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
             "activation_bytes": activations + logits,
         },
     )
+
+
+def _transient(spec: JobSpec, zero0: dict[str, int]) -> float:
+    """Bytes a step holds beyond the model state for its data parallelism: FSDP's gathered
+    parameters (zero 2 keeps every unit's from forward to backward, zero 3 about two units
+    at a time) and one unit's unsharded gradients before they are reduce-scattered; the
+    flat gradient copy of the all-reduce after backward (zero 0/1 with pp or tp)."""
+    par = spec.parallel
+    if par.dp == 1:
+        return 0.0
+    stage = float(zero0["params"])
+    units = spec.model.resolved()["n_layers"] // par.pp + 1
+    if par.zero_stage >= 2:
+        gathered = stage / FP32 * (2 if _fsdp_bf16(spec) else FP32)
+        held = gathered if par.zero_stage == 2 else 2 * gathered / units
+        return held + stage / units
+    return stage if (par.pp > 1 or par.tp > 1) else 0.0
 
 
 def _fsdp_bf16(spec: JobSpec) -> bool:

@@ -1,0 +1,34 @@
+"""bench/plan_accuracy.py on two layouts: calibrated here, measured here, compared."""
+
+from __future__ import annotations
+
+import math
+
+from bench.plan_accuracy import compare, spearman
+from workers.contract.spec import JobSpec
+
+
+def test_spearman_is_the_rank_correlation() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert spearman([1, 1, 2], [5, 5, 9]) == 1.0  # ties share their mean rank
+
+
+def test_two_layouts_are_predicted_and_measured() -> None:
+    base = JobSpec.model_validate(
+        {
+            "name": "accuracy",
+            "model": {"preset": "tiny", "seq_len": 64},
+            "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2},
+        }
+    )
+    result = compare(base, ["dp=2,zero=3", "pp=2"])
+    assert [row["layout"] for row in result["layouts"]] == [
+        "pp=1,dp=2,tp=1,zero=3,fp32",
+        "pp=2,dp=1,tp=1,zero=0,fp32",
+    ]
+    # Model state is exact arithmetic; the CPU's resident-set peak is known only roughly.
+    assert result["max_model_state_error"] < 0.05
+    assert result["max_peak_error"] < 0.35
+    assert result["regret"] >= 1.0 and not math.isnan(result["spearman"])
+    assert result["rates"]["cores"] >= 1 and result["rates"]["activation_scale"] >= 1.0
