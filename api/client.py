@@ -230,6 +230,14 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
 
+    def plan(
+        self, spec: JobSpec | dict[str, Any] | str | Path, ranks: int | None = None, **options: Any
+    ) -> dict[str, Any]:
+        """The spec's legal layouts, predicted, best first: on `ranks` ranks, or on what the
+        cluster has free now (options: gpus_per_node, device_memory, limit)."""
+        body = {"spec": _spec_body(spec), "ranks": ranks, **options}
+        return self._call("POST", "/v1/plan", json=body)
+
     def wait(
         self,
         job_id: str,

@@ -112,6 +112,13 @@ def test_a_job_whose_ranks_would_crowd_the_cores_is_refused_at_submit(
                 err.value.message
             )
             assert "use at most 4 ranks" in err.value.message
+            # Planned on what the cluster has free now: 8 CPUs, but only 4 ranks admitted.
+            plan = c.plan(job_spec("planned"))
+            assert plan["ranks"] == 4 and plan["device"] == "cpu"
+            assert all(
+                item["parallel"]["dp"] * item["parallel"]["tp"] * item["parallel"]["pp"] == 4
+                for item in plan["layouts"]
+            )
 
 
 def test_second_job_waits_queued_with_a_reason_then_runs(service: ServiceFactory) -> None:

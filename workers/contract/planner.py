@@ -1,7 +1,8 @@
 """Every legal layout of a spec on N ranks, predicted and ranked (no torch).
 
 A layout is dp x tp x pp = N with a ZeRO stage, a pipeline schedule (and virtual stages),
-sequence parallelism, a micro-batch size and activation checkpointing. Legality is the
+sequence parallelism, a micro-batch size (powers of two, and the spec's own) and
+activation checkpointing. Legality is the
 spec's own validation (one JobSpec per (dp, tp, pp, schedule, micro-batch); the other
 choices cannot make a legal layout illegal). The ones that fit the device memory come
 first, each group fastest first.
@@ -9,6 +10,7 @@ first, each group fastest first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +45,19 @@ class PlannedLayout:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every divisor of n, ascending (in O(sqrt n): n can be a million)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def micro_batch_sizes(per_rank: int, asked: int) -> list[int]:
+    """The micro-batch sizes tried: those that divide a rank's share of the batch and are
+    powers of two, and the spec's own. Every divisor of a large batch would multiply the
+    layouts many times over for steps that differ little."""
+    sizes = {d for d in divisors(per_rank) if d & (d - 1) == 0}
+    if per_rank % asked == 0:
+        sizes.add(asked)
+    return sorted(sizes)
 
 
 def _schedules(pp: int) -> list[tuple[PipelineSchedule, int]]:
@@ -64,8 +78,10 @@ def legal_layouts(spec: JobSpec, ranks: int) -> list[JobSpec]:
         for pp in divisors(ranks // tp):
             dp = ranks // (tp * pp)
             for schedule, virtual in _schedules(pp):
+                if spec.train.global_batch_size % dp:
+                    continue
                 per_rank = spec.train.global_batch_size // dp
-                for micro in divisors(per_rank) if spec.train.global_batch_size % dp == 0 else []:
+                for micro in micro_batch_sizes(per_rank, spec.train.micro_batch_size):
                     data = {
                         **base,
                         "parallel": {

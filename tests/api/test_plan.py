@@ -1,0 +1,65 @@
+"""POST /v1/plan over HTTP: layouts for a spec, and its mistakes as 4xx."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from api.client import Client, ShardlineError
+from tests.api.conftest import Backend
+from workers.contract.spec import JobSpec
+
+SPEC: dict[str, Any] = {
+    "name": "plan",
+    "model": {"preset": "tiny", "seq_len": 64},
+    "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 2},
+}
+
+
+def test_layouts_on_given_ranks_drop_into_the_spec(
+    user_client: Callable[..., Client],
+) -> None:
+    answer = user_client().plan(SPEC, ranks=4, limit=5)
+    assert answer["ranks"] == 4 and answer["device"] == "cpu"
+    assert answer["legal"] > 5 and len(answer["layouts"]) == 5
+    steps = [item["predicted"]["step_s"] for item in answer["layouts"]]
+    assert steps == sorted(steps)
+    for item in answer["layouts"]:
+        spec = JobSpec.model_validate(
+            {**SPEC, "parallel": item["parallel"], "train": {**SPEC["train"], **item["train"]}}
+        )
+        assert spec.parallel.world_size == 4
+
+
+def test_64_ranks_of_the_1b_preset_answer_within_a_second(
+    user_client: Callable[..., Client],
+) -> None:
+    client = user_client()
+    spec = {"name": "big", "model": {"preset": "1b"}, "train": {"global_batch_size": 256}}
+    client.plan(spec, ranks=8)  # the first call imports the planner
+    start = time.monotonic()
+    answer = client.plan(spec, ranks=64, gpus_per_node=8)
+    elapsed = time.monotonic() - start
+    assert answer["legal"] > 1000 and answer["layouts"][0]["fits"]
+    assert elapsed < 2.0  # the issue's bar is 1 s; a loaded 2-core CI host gets slack
+
+
+def test_mistakes_are_4xx_with_reasons(
+    user_client: Callable[..., Client], backend: Backend
+) -> None:
+    client = user_client()
+    with pytest.raises(ShardlineError) as no_room:  # this server has no cluster: nothing is free
+        client.plan(SPEC)
+    assert no_room.value.status == 422 and "no free resources" in str(no_room.value)
+    with pytest.raises(ShardlineError) as seven:
+        client.plan(SPEC, ranks=7)
+    assert seven.value.status == 422 and "no legal layout" in str(seven.value)
+    with pytest.raises(ShardlineError) as bad:
+        client.plan({**SPEC, "parallel": {"tp": 3}}, ranks=4)
+    assert bad.value.status == 422 and "parallel.tp=3" in str(bad.value)
+    anonymous = httpx.post(f"{backend.server.url}/v1/plan", json={"spec": SPEC, "ranks": 2})
+    assert anonymous.status_code == 401
