@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, joinedload
 from service.db import Database
 from service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
 from service.principal import Viewer
-from workers.contract.events import EventKind
+from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import ACTIVE, JobState, is_legal
 from workers.contract.progress import (
     CheckpointCommit,
@@ -81,10 +81,20 @@ class JobStore:
     # -- creating and reading --------------------------------------------------------
 
     def create(
-        self, owner: Viewer, spec: JobSpec, idempotency_key: str | None = None
+        self,
+        owner: Viewer,
+        spec: JobSpec,
+        idempotency_key: str | None = None,
+        *,
+        submitted: JobSpec | None = None,
+        events: tuple[Event, ...] = (),
     ) -> tuple[Job, bool]:
-        """Insert a QUEUED job; returns (job, created). Same key + same spec: the same job."""
-        digest = spec_hash(spec)
+        """Insert a QUEUED job; returns (job, created). Same key + same spec: the same job.
+
+        `submitted` is the spec as sent where the stored one was completed from it (a
+        layout chosen by `parallel: auto`): a replay is recognised by what was sent.
+        `events` are recorded with the job, after its "submitted" event."""
+        digest = spec_hash(submitted or spec)
         if idempotency_key is not None:
             existing = self._by_key(owner.id, idempotency_key)
             if existing is not None:
@@ -111,6 +121,8 @@ class JobStore:
                     {"state": JobState.QUEUED.value},
                 )
             )
+            for event in events:
+                s.add(_event(job.id, event.kind.value, event.message, event.stored_data()))
             try:
                 s.commit()
             except IntegrityError:
@@ -124,6 +136,10 @@ class JobStore:
                 return self._same_request(existing, digest), False
         log.info("job %s (%s) queued for %s", job.id, job.name, owner.name)
         return self.get(job.id), True
+
+    def submitted_with_key(self, owner: Viewer, key: str | None) -> bool:
+        """Whether `owner` already submitted a job under this Idempotency-Key."""
+        return key is not None and self._by_key(owner.id, key) is not None
 
     def _by_key(self, owner_id: int, key: str) -> Job | None:
         with self.db.session() as s:

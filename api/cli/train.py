@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from api.cli.common import fail, read_spec, step_progress
+from api.cli.common import err_console, fail, read_spec, step_progress
 from api.cli.hf import resolve_local_init_from
+from workers.contract.spec import JobSpec
 
 
 def train(
@@ -56,6 +57,8 @@ def train(
     )
 
     spec = resolve_local_init_from(read_spec(spec_path))
+    if spec.parallel.auto:
+        spec = _auto_layout(spec, nproc)
     if resume and not checkpoint_dir:
         raise fail(["--resume needs --checkpoint-dir (the folder to continue from)"])
     local = LocalCheckpoints(checkpoint_dir, resume, stop_after_step)
@@ -110,3 +113,22 @@ def train(
         typer.echo(json.dumps(summary, sort_keys=True))
     if under_torchrun:
         exit_rank_process(0)
+
+
+def _auto_layout(spec: JobSpec, nproc: int | None) -> JobSpec:
+    """`parallel: auto` here: the fastest predicted layout on exactly `--nproc` ranks (one
+    per GPU where there are GPUs, else one)."""
+    import torch
+
+    from service.layout_planning import NoLayout, pick_layout
+    from workers.contract.cost_model import DEFAULT_RATES
+
+    gpus = torch.cuda.device_count()
+    ranks = nproc or gpus or 1
+    rates = DEFAULT_RATES["h100" if gpus else "cpu"]
+    try:
+        chosen, event = pick_layout(spec, [ranks], rates)
+    except NoLayout as err:
+        raise fail([str(err)]) from None
+    err_console.print(event.message)
+    return chosen

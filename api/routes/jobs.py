@@ -30,12 +30,14 @@ from api.schemas import (
 )
 from service.config import Settings
 from service.job_logs import tail_lines
+from service.layout_planning import NoLayout, choose_layout
 from service.models import Job
 from service.principal import Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import job_demand
+from workers.contract.events import Event
 from workers.contract.lifecycle import JobState
 from workers.contract.sections import INIT_FROM, MAX_STEPS
 from workers.contract.spec import JobSpec
@@ -154,6 +156,15 @@ async def submit_job(
         check_data_path(spec, settings)
         resolved = resolve_spec_init_from(spec, settings)
         check_resume_from(resolved, user, store, settings)
+        events: tuple[Event, ...] = ()
+        auto = resolved.parallel.auto
+        # A replay answers with the job already made, whatever is free now.
+        if auto and not store.submitted_with_key(user, idempotency_key):
+            try:
+                resolved, planned = choose_layout(resolved, runtime)
+            except NoLayout as err:
+                raise ApiError(422, "does_not_fit", str(err)) from None
+            events = (planned,)
         refusal = runtime.refusal(resolved) or never_fits_quota(
             job_demand(resolved), resource_limits(settings)
         )
@@ -161,7 +172,11 @@ async def submit_job(
             raise ApiError(422, "does_not_fit", refusal)
         quotas: UserQuotas = request.app.state.quotas
         return quotas.submit(
-            user, idempotency_key, lambda: store.create(user, resolved, idempotency_key)
+            user,
+            idempotency_key,
+            lambda: store.create(
+                user, resolved, idempotency_key, submitted=spec if auto else None, events=events
+            ),
         )
 
     # The cluster query and the database are blocking calls: run them in a worker thread

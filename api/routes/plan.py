@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter
@@ -12,15 +11,11 @@ from pydantic import BaseModel, Field
 from api.deps import CurrentUser, RuntimeDep
 from api.errors import ApiError
 from api.openapi import error_responses
-from service.runtime import ClusterInfo, Runtime
-from workers.contract.cost_model import DEFAULT_RATES, Rates
+from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks, rates_for
 from workers.contract.demand import bundle_resources
-from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))
-
-MAX_PLAN_RANKS = 4096
 
 
 class PlanRequest(BaseModel):
@@ -38,36 +33,6 @@ class PlanPublic(BaseModel):
     device: str
     legal: int  # how many legal layouts there are (the list holds the first `limit`)
     layouts: list[dict[str, Any]]
-
-
-def free_ranks(spec: JobSpec, cluster: ClusterInfo) -> int:
-    """How many of the spec's ranks the cluster's free resources hold now."""
-    free = cluster.available
-    return int(
-        min(
-            math.floor(free.get(name, 0.0) / amount + 1e-9)
-            for name, amount in bundle_resources(spec).items()
-        )
-    )
-
-
-def admissible_ranks(spec: JobSpec, runtime: Runtime) -> int:
-    """The most ranks of `spec` the cluster has free now and would admit (the refusals at
-    submit: a rank's share of a core, host memory), found by halving."""
-    low, high = 0, min(free_ranks(spec, runtime.cluster()), MAX_PLAN_RANKS)
-    while low < high:
-        mid = (low + high + 1) // 2
-        layout = spec.model_copy(update={"parallel": ParallelSpec(dp=mid)})
-        if runtime.refusal(layout) is None:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def rates_for(spec: JobSpec) -> Rates:
-    """Default rates by device (a cluster's calibrated rates are not stored yet)."""
-    return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
 
 
 @router.post("/plan", response_model=PlanPublic)

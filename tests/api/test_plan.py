@@ -61,5 +61,8 @@ def test_mistakes_are_4xx_with_reasons(
     with pytest.raises(ShardlineError) as bad:
         client.plan({**SPEC, "parallel": {"tp": 3}}, ranks=4)
     assert bad.value.status == 422 and "parallel.tp=3" in str(bad.value)
+    with pytest.raises(ShardlineError) as auto:  # parallel: auto needs something free
+        client.submit({**SPEC, "parallel": "auto"})
+    assert auto.value.status == 422 and "parallel: auto found no free resources" in str(auto.value)
     anonymous = httpx.post(f"{backend.server.url}/v1/plan", json={"spec": SPEC, "ranks": 2})
     assert anonymous.status_code == 401

@@ -92,7 +92,7 @@ def test_a_job_that_can_never_fit_is_refused_at_submit(service: ServiceFactory) 
         assert "needs 12 CPU" in err.value.message and "has 8 CPU" in err.value.message
 
 
-def test_a_job_whose_ranks_would_crowd_the_cores_is_refused_at_submit(
+def test_crowding_jobs_are_refused_and_plans_and_auto_use_what_is_admitted(
     service: ServiceFactory,
 ) -> None:
     """The embedded head declares 8 logical CPUs whatever the host has, and labels its real
@@ -119,6 +119,18 @@ def test_a_job_whose_ranks_would_crowd_the_cores_is_refused_at_submit(
                 item["parallel"]["dp"] * item["parallel"]["tp"] * item["parallel"]["pp"] == 4
                 for item in plan["layouts"]
             )
+            # parallel: auto takes the fastest predicted layout on what is free and admitted,
+            # says so in its events, and trains in it.
+            auto = {**job_spec("auto"), "parallel": {"auto": True, "max_pp": 1}}
+            job = c.submit(auto, idempotency_key="auto-1")
+            assert c.submit(auto, idempotency_key="auto-1")["id"] == job["id"]  # a replay
+            done = c.wait(job["id"], timeout=180, poll_s=0.5)
+            assert done["state"] == "SUCCEEDED", done
+            planned = [e for e in c.events(job["id"]) if e["data"].get("kind") == "planned"]
+            assert len(planned) == 1 and planned[0]["message"].startswith("layout chosen: dp=")
+            chosen = planned[0]["data"]["parallel"]
+            assert chosen["pp"] == 1 and chosen["dp"] * chosen["tp"] <= 4 and not chosen["auto"]
+            assert [m["step"] for m in c.metrics(job["id"])] == list(range(1, 9))
 
 
 def test_second_job_waits_queued_with_a_reason_then_runs(service: ServiceFactory) -> None:

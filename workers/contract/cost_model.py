@@ -51,6 +51,8 @@ class Rates:
     # Bytes a step really keeps per byte of activations this model counts (saved tensors
     # it does not list, the allocator's slack): measured by calibration.
     activation_scale: float = 1.0
+    # A device's memory, where the kind fixes it (a layout above it does not fit).
+    device_memory: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,14 +62,43 @@ class Rates:
         return cls(**data)
 
 
+def _gpu(
+    device: str, flops: float, intra: float, inter: float, memory_speed: float, memory: int
+) -> Rates:
+    """A GPU kind's starting rates: NVLink within a node, the network between nodes; a
+    collective's fixed cost 20 us, 1 GiB for the CUDA context and workspaces, 70% of the
+    data-parallel wrappers' collectives hidden behind compute."""
+    return Rates(
+        device,
+        flops,
+        {INTRA: intra, INTER: inter},
+        2.0e-5,
+        memory_speed,
+        1 << 30,
+        0.7,
+        device_memory=memory,
+    )
+
+
 DEFAULT_RATES: dict[str, Rates] = {
-    # The 2-core development machine's order of magnitude; calibrate for yours.
-    "cpu": Rates("cpu", 3.0e10, {INTRA: 2.0e9, INTER: 1.0e9}, 1.0e-4, 5.0e9, 340 << 20, 0.0, 2),
+    # The 2-core development machine as `calibrate(spec, 4)` measured it (bench.plan_accuracy
+    # in docs/benchmarks.md); calibrate for yours.
+    "cpu": Rates(
+        "cpu",
+        7.2e10,
+        {INTRA: 9.0e8, INTER: 5.0e8},
+        5.0e-3,
+        1.9e10,
+        265 << 20,
+        0.0,
+        2,
+        activation_scale=2.5,
+    ),
     # H200: the compiled 1b preset ran 69,080 tokens/s x 7.04 GFLOP/token, 0.1186 s a
     # step, of which AdamW's pass is about 7 ms: 520 TFLOP/s for the rest.
-    "h200": Rates("h200", 5.2e14, {INTRA: 3.6e11, INTER: 4.0e10}, 2.0e-5, 4.3e12, 1 << 30, 0.7),
-    "h100": Rates("h100", 4.6e14, {INTRA: 3.6e11, INTER: 4.0e10}, 2.0e-5, 3.0e12, 1 << 30, 0.7),
-    "a100": Rates("a100", 1.5e14, {INTRA: 2.3e11, INTER: 2.0e10}, 2.5e-5, 1.6e12, 1 << 30, 0.7),
+    "h200": _gpu("h200", 5.2e14, 3.6e11, 4.0e10, 4.3e12, 141 * 10**9),
+    "h100": _gpu("h100", 4.6e14, 3.6e11, 4.0e10, 3.0e12, 80 * 10**9),
+    "a100": _gpu("a100", 1.5e14, 2.3e11, 2.0e10, 1.6e12, 80 * 10**9),
 }
 
 

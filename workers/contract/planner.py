@@ -93,6 +93,9 @@ def legal_layouts(spec: JobSpec, ranks: int) -> list[JobSpec]:
                             "pp_schedule": schedule.value,
                             "pp_virtual_stages": virtual,
                             "sequence_parallel": False,
+                            "auto": False,
+                            "max_tp": None,
+                            "max_pp": None,
                         },
                         "train": {**base["train"], "micro_batch_size": micro},
                     }

@@ -189,6 +189,12 @@ class ParallelSpec(_Strict):
     # bf16 jobs at zero_stage 2/3: FSDP gathers bf16 parameters (half the bytes) and
     # reduces gradients in fp32; the shards stay fp32. Ignored elsewhere.
     fsdp_mixed_precision: bool = True
+    # The service chooses the layout at submit (the fastest the cost model predicts on the
+    # ranks the cluster has free), within these bounds; `parallel: auto` is short for it.
+    # The stored spec holds the chosen layout, with auto off.
+    auto: bool = False
+    max_tp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] | None = None
+    max_pp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] | None = None
 
     @property
     def world_size(self) -> int:
@@ -208,6 +214,11 @@ class ParallelSpec(_Strict):
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
+        if not self.auto and (self.max_tp is not None or self.max_pp is not None):
+            raise ValueError(
+                "parallel.max_tp and parallel.max_pp bound a layout the service chooses: "
+                "set parallel.auto: true, or drop them"
+            )
         return self
 
 

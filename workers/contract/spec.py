@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from workers.contract.sections import (
     INIT_FROM,
@@ -50,6 +50,12 @@ class JobSpec(_Strict):
     resume_from: ResumeFromSpec | None = None
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     resources: ResourcesSpec = ResourcesSpec()
+
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _auto_layout(cls, value: object) -> object:
+        """`parallel: auto` is `parallel: {auto: true}`."""
+        return {"auto": True} if value == "auto" else value
 
     @model_validator(mode="after")
     def _check_layout(self) -> Self:

@@ -1,0 +1,46 @@
+"""`parallel: auto`: the spec's short form and bounds, and the choice among layouts."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.layout_planning import NoLayout, pick_layout
+from workers.contract.cost_model import DEFAULT_RATES
+from workers.contract.events import EventKind
+from workers.contract.spec import JobSpec
+
+
+def spec(parallel: object) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "auto",
+            "model": {"preset": "tiny", "seq_len": 64},
+            "parallel": parallel,
+            "train": {"steps": 4, "global_batch_size": 8, "micro_batch_size": 2},
+        }
+    )
+
+
+def test_auto_is_short_for_auto_true_and_bounds_need_it() -> None:
+    assert spec("auto").parallel.auto
+    assert spec({"auto": True, "max_tp": 1}).parallel.max_tp == 1
+    with pytest.raises(ValidationError, match=r"set parallel\.auto: true, or drop them"):
+        spec({"max_tp": 2})
+
+
+def test_the_choice_is_the_fastest_within_the_bounds() -> None:
+    rates = DEFAULT_RATES["cpu"]
+    chosen, event = pick_layout(spec({"auto": True, "max_tp": 1, "max_pp": 1}), [4], rates)
+    par = chosen.parallel
+    assert (par.dp, par.tp, par.pp, par.auto) == (4, 1, 1, False)
+    assert event.kind == EventKind.PLANNED
+    assert event.message.startswith("layout chosen: dp=4 tp=1 pp=1")
+    assert "runner-up" in event.message and event.data["ranks"] == 4
+    free, _ = pick_layout(spec("auto"), [4], rates)
+    assert free.parallel.world_size == 4 and not free.parallel.auto
+
+
+def test_no_legal_layout_is_said() -> None:
+    with pytest.raises(NoLayout, match="no legal layout that fits on up to 3 ranks"):
+        pick_layout(spec("auto"), [3], DEFAULT_RATES["cpu"])  # 8 rows do not split in 3
