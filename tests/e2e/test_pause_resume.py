@@ -21,7 +21,7 @@ from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
-STEPS = 60
+STEPS = 30  # enough to pause mid-run and go on after the resume
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 # Generous limits: a loaded 2-core machine is slow, and the assertions are about what
 # happened, not how fast.
