@@ -126,8 +126,12 @@ def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[Jo
 
 def choose_layout(spec: JobSpec, runtime: Runtime) -> tuple[JobSpec, Event]:
     """`parallel: auto` at submit: the fastest layout on what the cluster has free now."""
-    most = admissible_ranks(auto_base(spec), runtime)
+    base = auto_base(spec)
+    most = admissible_ranks(base, runtime)
     if most == 0:
+        refusal = runtime.refusal(base)  # never, rather than not now: say why
+        if refusal is not None:
+            raise NoLayout(refusal)
         raise NoLayout(
             "parallel: auto found no free resources for one rank of this job now "
             f"({bundle_resources(spec)}); submit a fixed layout to queue for them"

@@ -6,11 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import CurrentUser, RuntimeDep
+from api.deps import CurrentUser, RuntimeDep, SettingsDep
 from api.errors import ApiError
+from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
+from api.routes.jobs import check_data_path
 from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks, rates_for
 from workers.contract.demand import bundle_resources
 from workers.contract.spec import JobSpec
@@ -19,13 +21,16 @@ router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 4
 
 
 class PlanRequest(BaseModel):
+    # As the spec: unknown fields refused, and a count is a JSON number ("4" is not 4).
+    model_config = ConfigDict(extra="forbid")
+
     spec: JobSpec
     # Default: as many ranks as the cluster's free resources hold now (by the spec's
     # resources per worker) and would admit.
-    ranks: Annotated[int, Field(ge=1, le=MAX_PLAN_RANKS)] | None = None
-    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
-    device_memory: Annotated[int, Field(ge=1)] | None = None
-    limit: Annotated[int, Field(ge=1, le=1000)] = 20
+    ranks: Annotated[int, Field(ge=1, le=MAX_PLAN_RANKS, strict=True)] | None = None
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024, strict=True)] | None = None
+    device_memory: Annotated[int, Field(ge=1, strict=True)] | None = None
+    limit: Annotated[int, Field(ge=1, le=1000, strict=True)] = 20
 
 
 class PlanPublic(BaseModel):
@@ -36,25 +41,30 @@ class PlanPublic(BaseModel):
 
 
 @router.post("/plan", response_model=PlanPublic)
-async def plan_layouts(body: PlanRequest, user: CurrentUser, runtime: RuntimeDep) -> Any:
+async def plan_layouts(
+    body: PlanRequest, user: CurrentUser, runtime: RuntimeDep, settings: SettingsDep
+) -> Any:
     """Every legal layout of `spec` on `ranks` ranks (default: what is free now), those
     that fit `device_memory` first, each group fastest first by the cost model."""
     from workers.contract.planner import plan
 
     def answer() -> PlanPublic:
+        # The shapes come from model.init_from's config.json where it names one, as at submit.
+        check_data_path(body.spec, settings)
+        spec = resolve_spec_init_from(body.spec, settings)
         ranks = body.ranks
         if ranks is None:
-            ranks = admissible_ranks(body.spec, runtime)
+            ranks = admissible_ranks(spec, runtime)
             if ranks == 0:
                 raise ApiError(
                     422,
                     "does_not_fit",
                     "the cluster has no free resources for one rank of this spec now "
-                    f"({bundle_resources(body.spec)}); give `ranks` to plan anyway",
+                    f"({bundle_resources(spec)}); give `ranks` to plan anyway",
                 )
-        rates = rates_for(body.spec)
+        rates = rates_for(spec)
         planned = plan(
-            body.spec,
+            spec,
             ranks,
             rates,
             ranks_per_node=body.gpus_per_node,

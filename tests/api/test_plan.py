@@ -48,10 +48,10 @@ def test_64_ranks_of_the_1b_preset_answer_within_a_second(
     assert elapsed < 2.0  # the bar is 1 s; a loaded 2-core CI host gets slack
 
 
-def test_mistakes_are_4xx_with_reasons(
-    user_client: Callable[..., Client], backend: Backend
-) -> None:
-    client = user_client()
+def test_mistakes_are_4xx_with_reasons(backend: Backend) -> None:
+    _, token = backend.new_user()
+    client = backend.client(token)
+    headers = {"Authorization": f"Bearer {token}"}
     with pytest.raises(ShardlineError) as no_room:  # this server has no cluster: nothing is free
         client.plan(SPEC)
     assert no_room.value.status == 422 and "no free resources" in str(no_room.value)
@@ -64,5 +64,13 @@ def test_mistakes_are_4xx_with_reasons(
     with pytest.raises(ShardlineError) as auto:  # parallel: auto needs something free
         client.submit({**SPEC, "parallel": "auto"})
     assert auto.value.status == 422 and "parallel: auto found no free resources" in str(auto.value)
+    for body, field in (
+        ({"spec": SPEC, "ranks": "4"}, "ranks"),  # a count is a JSON number
+        ({"spec": SPEC, "ranks": 2, "bogus": 1}, "bogus"),
+        ({"spec": {**SPEC, "model": {"init_from": "/nonexistent"}}, "ranks": 2}, "init_from"),
+    ):
+        refused = httpx.post(f"{backend.server.url}/v1/plan", json=body, headers=headers)
+        assert refused.status_code == 422 and field in refused.text, refused.text
     anonymous = httpx.post(f"{backend.server.url}/v1/plan", json={"spec": SPEC, "ranks": 2})
     assert anonymous.status_code == 401
+    client.close()
