@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.checkpoint [--dim 1024] [--layers 8] [--dir /path/on/disk]
 
-One process builds a model with AdamW state (one training step), then, in the same folder:
+One process builds a model with AdamW state (one training step; on the GPU where there is
+one), then, in the same folder:
 - writes and fsyncs the same number of bytes sequentially (the disk's raw write), and reads
   them back (raw read), before and after the checkpoints, keeping the faster of each;
 - saves a synchronous checkpoint (DCP write, fsync, checksums, manifest, commit) and
@@ -30,7 +31,7 @@ from workers.contract.net import free_port
 from workers.contract.spec import JobSpec
 from workers.engine.checkpoint.state import ModelAndOptimizer
 from workers.engine.checkpoint.tier import CheckpointTier
-from workers.engine.distributed import init_world, leave_world
+from workers.engine.distributed import init_world, leave_world, pick_device
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
 from workers.storage.layout import CheckpointLocations
@@ -59,7 +60,7 @@ def raw_write_read(folder: Path, nbytes: int) -> tuple[float, float]:
     return write_s, read_s
 
 
-def build(dim: int, layers: int) -> Trainer:
+def build(dim: int, layers: int, device: torch.device) -> Trainer:
     spec = JobSpec.model_validate(
         {
             "name": "bench-checkpoint",
@@ -75,7 +76,7 @@ def build(dim: int, layers: int) -> Trainer:
             "train": {"steps": 1, "global_batch_size": 1, "micro_batch_size": 1},
         }
     )
-    trainer = Trainer(spec, world_size=1, device=torch.device("cpu"))
+    trainer = Trainer(spec, world_size=1, device=device)
     trainer.train()  # AdamW state exists after one step
     return trainer
 
@@ -140,19 +141,21 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="folder on the disk to measure")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir))
+    device = pick_device(0)  # the GPU where there is one: saves then copy device to host
     init_world(
         rank=0,
         world_size=1,
         master_addr="127.0.0.1",
         master_port=free_port(),
-        device=torch.device("cpu"),
+        device=device,
     )
     try:
-        trainer = build(args.dim, args.layers)
+        trainer = build(args.dim, args.layers, device)
         params = sum(p.numel() for p in trainer.parts.parameters())
         result = {
             "bench": "checkpoint",
             "params": params,
+            "device": device.type,
             "folder": str(folder),
             **measure(trainer, folder),
         }
