@@ -25,7 +25,8 @@ def install_status_page(app: FastAPI) -> None:
     """Serve the status page at / and its files under /static/page."""
     app.mount("/static/page", CachedStaticFiles(directory=PAGE_DIR), name="page-assets")
 
-    @app.get("/", include_in_schema=False)
+    # HEAD too: uptime checks and load balancers probe the root with it.
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     def status_page() -> FileResponse:
         return FileResponse(
             PAGE_DIR / "index.html",

@@ -59,6 +59,15 @@ def test_status_page_forbids_other_origins(server: RunningServer) -> None:
     assert "default-src 'self'" in csp
 
 
+def test_head_of_the_page_is_200_and_sign_in_says_where_the_token_is(
+    server: RunningServer,
+) -> None:
+    head = httpx.head(server.url + "/")
+    assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
+    page = httpx.get(server.url + "/").text
+    assert ".shardline/admin-token" in page and "shardline serve" in page
+
+
 def test_missing_asset_is_404(server: RunningServer) -> None:
     assert httpx.get(server.url + "/static/page/nope.js").status_code == 404
 
