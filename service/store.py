@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -349,6 +350,9 @@ class JobStore:
                 if steps
                 else set()
             )
+            first_step = self._first_step(s, job_id, entries, have)
+            if first_step is not None:
+                s.add(_event(job_id, "event", first_step.message, first_step.stored_data()))
             latest: dict[str, Any] | None = None
             latest_checkpoint: str | None = None
             steps_lost, seconds_lost = 0, 0.0
@@ -393,6 +397,33 @@ class JobStore:
                 )
             s.commit()
         return last_seq
+
+    @staticmethod
+    def _first_step(
+        s: Session, job_id: str, entries: Sequence[ProgressEntry], have: set[int]
+    ) -> Event | None:
+        """The event for the job's first step ever recorded (not a restart's, not a step
+        written again): seconds from submit to the step's end, by the worker's clock."""
+        first = next(
+            (e for e in entries if isinstance(e, MetricsEntry) and e.step not in have), None
+        )
+        if first is None:
+            return None
+        row = s.execute(
+            select(Job.created_at, Job.current_step).where(Job.id == job_id)
+        ).one_or_none()
+        if row is None or row.current_step != 0 or have:
+            return None
+        created = row.created_at
+        if created.tzinfo is None:  # SQLite keeps no zone; it was stored in UTC
+            created = created.replace(tzinfo=UTC)
+        ended = float(first.values.get("time", utcnow().timestamp()))
+        seconds = max(ended - created.timestamp(), 0.0)
+        return Event(
+            EventKind.FIRST_STEP,
+            f"first step {seconds:.1f} s after submit",
+            {"seconds": round(seconds, 3), "step": first.step},
+        )
 
     @staticmethod
     def _add_checkpoint(s: Session, job_id: str, commit: CheckpointCommit) -> str:

@@ -75,6 +75,11 @@ def test_submitted_job_trains_to_success_like_shardline_train(
         assert rows == 8  # one row per logged step, no duplicates
         moves = state_moves(c, job["id"])
         assert moves == [("QUEUED", "STARTING"), ("STARTING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
+        # Submit -> first step, once, timed by the step's own end.
+        firsts = [e for e in c.events(job["id"]) if e["data"].get("kind") == "first_step"]
+        assert len(firsts) == 1 and 0 < firsts[0]["data"]["seconds"] < 120, firsts
+        assert firsts[0]["data"]["step"] == 1
+        assert firsts[0]["message"].startswith("first step ")
         assert any("step 8 loss" in line for line in c.logs(job["id"], rank=1))
         wait_for(
             c, job["id"], lambda j: not leftovers(svc.ray_address, j["id"])["actors"], timeout=120

@@ -188,6 +188,7 @@ class TrainingWorker:
             self._last_progress = time.time()
 
     def _on_metrics(self, metrics: dict[str, Any]) -> None:
+        metrics["time"] = time.time()  # when the step ended: submit -> first step is timed by it
         if self._metrics_file is not None:  # once per logged step: cheap next to a step
             with self._metrics_file.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(metrics) + "\n")
