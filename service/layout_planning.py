@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
+from service.quotas import never_fits_quota
 from service.runtime import ClusterInfo, Runtime
 from workers.contract.cost_model import DEFAULT_RATES, Rates
-from workers.contract.demand import bundle_resources
+from workers.contract.demand import bundle_resources, describe, job_demand
 from workers.contract.events import Event, EventKind
 from workers.contract.planner import PlannedLayout, plan
 from workers.contract.sections import ParallelSpec
@@ -31,14 +32,16 @@ def free_ranks(spec: JobSpec, cluster: ClusterInfo) -> int:
     )
 
 
-def admissible_ranks(spec: JobSpec, runtime: Runtime) -> int:
+def admissible_ranks(spec: JobSpec, runtime: Runtime, quota: dict[str, float] | None = None) -> int:
     """The most ranks of `spec` the cluster has free now and would admit (the refusals at
-    submit: a rank's share of a core, host memory), found by halving."""
+    submit: a rank's share of a core, host memory, the user's resource quota), found by
+    halving."""
     low, high = 0, min(free_ranks(spec, runtime.cluster()), MAX_PLAN_RANKS)
     while low < high:
         mid = (low + high + 1) // 2
         layout = spec.model_copy(update={"parallel": ParallelSpec(dp=mid)})
-        if runtime.refusal(layout) is None:
+        over_quota = quota is not None and never_fits_quota(job_demand(layout), quota)
+        if not over_quota and runtime.refusal(layout) is None:
             low = mid
         else:
             high = mid - 1
@@ -124,16 +127,19 @@ def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[Jo
     return best.spec, event
 
 
-def choose_layout(spec: JobSpec, runtime: Runtime) -> tuple[JobSpec, Event]:
-    """`parallel: auto` at submit: the fastest layout on what the cluster has free now."""
+def choose_layout(
+    spec: JobSpec, runtime: Runtime, quota: dict[str, float] | None = None
+) -> tuple[JobSpec, Event]:
+    """`parallel: auto` at submit: the fastest layout on what the cluster has free now and
+    the user's `quota` (resource limits) allows."""
     base = auto_base(spec)
-    most = admissible_ranks(base, runtime)
+    most = admissible_ranks(base, runtime, quota)
     if most == 0:
         refusal = runtime.refusal(base)  # never, rather than not now: say why
         if refusal is not None:
             raise NoLayout(refusal)
         raise NoLayout(
             "parallel: auto found no free resources for one rank of this job now "
-            f"({bundle_resources(spec)}); submit a fixed layout to queue for them"
+            f"({describe(bundle_resources(spec))}); submit a fixed layout to queue for them"
         )
     return pick_layout(spec, _rank_counts(most), rates_for(spec))

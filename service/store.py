@@ -377,7 +377,10 @@ class JobStore:
             if failures is not None:
                 values["failures"] = failures
             if latest is not None:
-                values.update(latest_metrics=latest, current_step=latest["step"])
+                # The per-rank breakdown stays in the step's row: the job row is read by
+                # every listing, and its size would grow with the world.
+                brief = {k: v for k, v in latest.items() if k != "breakdown"}
+                values.update(latest_metrics=brief, current_step=latest["step"])
             if latest_checkpoint is not None:
                 values["latest_checkpoint"] = latest_checkpoint
             if steps_lost or seconds_lost:
@@ -412,7 +415,7 @@ class JobStore:
         row = s.execute(
             select(Job.created_at, Job.current_step).where(Job.id == job_id)
         ).one_or_none()
-        if row is None or row.current_step != 0 or have:
+        if row is None or row.current_step != 0:
             return None
         created = row.created_at
         if created.tzinfo is None:  # SQLite keeps no zone; it was stored in UTC

@@ -60,6 +60,7 @@ def plan(
 
     spec = read_spec(spec_path)
     rates, calibrated = _rates(spec, ranks, device, rates_file, calibrate)
+    device_memory = device_memory or rates.device_memory  # a GPU kind's own, by default
     planned = plan_layouts(
         spec, ranks, rates, ranks_per_node=gpus_per_node, device_memory=device_memory
     )

@@ -116,19 +116,22 @@ def train(
 
 
 def _auto_layout(spec: JobSpec, nproc: int | None) -> JobSpec:
-    """`parallel: auto` here: the fastest predicted layout on exactly `--nproc` ranks (one
-    per GPU where there are GPUs, else one)."""
+    """`parallel: auto` here: the fastest predicted layout on exactly the ranks that run
+    (torchrun's world, else `--nproc`, else one per GPU, else one)."""
     import torch
 
     from service.layout_planning import NoLayout, pick_layout
     from workers.contract.cost_model import DEFAULT_RATES
+    from workers.engine.calibrate import device_kind
 
     gpus = torch.cuda.device_count()
-    ranks = nproc or gpus or 1
-    rates = DEFAULT_RATES["h100" if gpus else "cpu"]
+    # Under torchrun the world is its own (all nodes); else --nproc, one per GPU, or one.
+    ranks = int(os.environ.get("WORLD_SIZE", 0)) or nproc or gpus or 1
+    rates = DEFAULT_RATES[device_kind(torch.device("cuda", 0)) if gpus else "cpu"]
     try:
         chosen, event = pick_layout(spec, [ranks], rates)
     except NoLayout as err:
         raise fail([str(err)]) from None
-    err_console.print(event.message)
+    if int(os.environ.get("RANK", 0)) == 0:
+        err_console.print(event.message)
     return chosen

@@ -161,7 +161,7 @@ async def submit_job(
         # A replay answers with the job already made, whatever is free now.
         if auto and not store.submitted_with_key(user, idempotency_key):
             try:
-                resolved, planned = choose_layout(resolved, runtime)
+                resolved, planned = choose_layout(resolved, runtime, resource_limits(settings))
             except NoLayout as err:
                 raise ApiError(422, "does_not_fit", str(err)) from None
             events = (planned,)

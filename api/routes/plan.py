@@ -14,7 +14,7 @@ from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
 from api.routes.jobs import check_data_path
 from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks, rates_for
-from workers.contract.demand import bundle_resources
+from workers.contract.demand import bundle_resources, describe
 from workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))
@@ -60,7 +60,7 @@ async def plan_layouts(
                     422,
                     "does_not_fit",
                     "the cluster has no free resources for one rank of this spec now "
-                    f"({bundle_resources(spec)}); give `ranks` to plan anyway",
+                    f"({describe(bundle_resources(spec))}); give `ranks` to plan anyway",
                 )
         rates = rates_for(spec)
         planned = plan(
@@ -68,7 +68,7 @@ async def plan_layouts(
             ranks,
             rates,
             ranks_per_node=body.gpus_per_node,
-            device_memory=body.device_memory,
+            device_memory=body.device_memory or rates.device_memory,
         )
         if not planned:
             raise ApiError(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from pydantic import ValidationError
 
-from service.layout_planning import NoLayout, pick_layout
+from service.layout_planning import NoLayout, admissible_ranks, choose_layout, pick_layout
+from service.runtime import ClusterInfo, Runtime
 from workers.contract.cost_model import DEFAULT_RATES
 from workers.contract.events import EventKind
 from workers.contract.spec import JobSpec
@@ -44,3 +47,26 @@ def test_the_choice_is_the_fastest_within_the_bounds() -> None:
 def test_no_legal_layout_is_said() -> None:
     with pytest.raises(NoLayout, match="no legal layout that fits on up to 3 ranks"):
         pick_layout(spec("auto"), [3], DEFAULT_RATES["cpu"])  # 8 rows do not split in 3
+
+
+def test_auto_refuses_a_layout_given_beside_it() -> None:
+    with pytest.raises(ValidationError, match=r"drop parallel\.dp, parallel\.zero_stage"):
+        spec({"auto": True, "dp": 2, "zero_stage": 1})
+
+
+class EightFreeCpus:
+    """A cluster with 8 free CPUs that refuses nothing (the halving's other input)."""
+
+    def cluster(self) -> ClusterInfo:
+        return ClusterInfo("fake", True, "", {"CPU": 8.0}, {"CPU": 8.0})
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        return None
+
+
+def test_free_ranks_are_capped_by_the_users_quota() -> None:
+    runtime = cast(Runtime, EightFreeCpus())
+    assert admissible_ranks(spec("auto"), runtime) == 8
+    assert admissible_ranks(spec("auto"), runtime, {"CPU": 3.0}) == 3
+    chosen, _ = choose_layout(spec("auto"), runtime, {"CPU": 2.0})
+    assert chosen.parallel.world_size <= 2

@@ -214,6 +214,13 @@ class ParallelSpec(_Strict):
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
+        chosen = ("dp", "tp", "pp", "zero_stage", "pp_schedule", "pp_virtual_stages")
+        given = [name for name in (*chosen, "sequence_parallel") if name in self.model_fields_set]
+        if self.auto and given:
+            raise ValueError(
+                f"parallel.auto chooses the layout: drop parallel.{', parallel.'.join(given)}, "
+                "or set auto: false"
+            )
         if not self.auto and (self.max_tp is not None or self.max_pp is not None):
             raise ValueError(
                 "parallel.max_tp and parallel.max_pp bound a layout the service chooses: "

@@ -103,7 +103,7 @@ class JobSpec(_Strict):
                 "change global_batch_size or micro_batch_size"
             )
         elastic = self.fault_tolerance.elastic
-        if elastic is not None and elastic.min_dp > par.dp:
+        if elastic is not None and elastic.min_dp > par.dp and not par.auto:
             raise ValueError(
                 f"fault_tolerance.elastic.min_dp={elastic.min_dp} is above parallel.dp="
                 f"{par.dp}; the job can only shrink: set min_dp <= dp"

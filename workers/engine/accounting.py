@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
+from workers.contract.memory_model import KINDS
 from workers.engine.dtensor import local_part
 from workers.engine.optimizer import Optimizers
 
@@ -20,8 +21,8 @@ BF16_PEAK_FLOPS = {
 }
 
 
-# What memory_held counts, in its order.
-MEMORY_KINDS = ("params", "grads", "optim")
+# What memory_held counts, in its order: the memory model's kinds.
+MEMORY_KINDS = KINDS
 
 
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
