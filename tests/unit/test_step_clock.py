@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 
 from workers.engine.step_clock import PARTS, PIPELINE, StepClock
@@ -30,8 +29,9 @@ def test_armed_regions_add_up_per_part() -> None:
         with clock.part("comm"):
             time.sleep(0.01)
     got = clock.seconds()
-    assert got["data"] == pytest.approx(0.02, abs=0.015)
-    assert got["comm"] == pytest.approx(0.02, abs=0.015)
+    # A sleep never ends early; a loaded machine can make it end late.
+    assert 0.02 <= got["data"] < 0.2
+    assert 0.02 <= got["comm"] < 0.2
     assert got["compute"] == got["bubble"] == 0.0
     clock.arm(True)  # the next step starts from nothing
     assert clock.seconds()["data"] == 0.0
@@ -46,8 +46,8 @@ def test_pipeline_time_outside_the_chunks_is_bubble() -> None:
         time.sleep(0.02)  # waiting for the neighbour stage
         chunk(0.03)
     got = clock.seconds()
-    assert got["compute"] == pytest.approx(0.06, abs=0.02)
-    assert got["bubble"] == pytest.approx(0.02, abs=0.015)
+    assert 0.06 <= got["compute"] < 0.6
+    assert 0.019 < got["bubble"] < 0.2  # the wait between the chunks, however late it ends
     clock.arm(False)
     chunk(0.01)  # a disarmed clock still runs the chunk, and times nothing
     assert clock.seconds()["compute"] == 0.0
