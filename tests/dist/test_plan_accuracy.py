@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import math
 
-from bench.plan_accuracy import compare, spearman
-from workers.contract.spec import JobSpec
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bench.plan_accuracy import spearman
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_spearman_is_the_rank_correlation() -> None:
@@ -14,15 +22,26 @@ def test_spearman_is_the_rank_correlation() -> None:
     assert spearman([1, 1, 2], [5, 5, 9]) == 1.0  # ties share their mean rank
 
 
-def test_two_layouts_are_predicted_and_measured() -> None:
-    base = JobSpec.model_validate(
-        {
-            "name": "accuracy",
-            "model": {"preset": "tiny", "seq_len": 64},
-            "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2},
-        }
+def test_two_layouts_are_predicted_and_measured(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "accuracy",
+                "model": {"preset": "tiny", "seq_len": 64},
+                "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2},
+            }
+        )
     )
-    result = compare(base, ["dp=2,zero=3", "pp=2"])
+    # As a user runs it, in a process of its own (calibration resizes torch's thread pool
+    # and starts rank processes: nothing this test process should keep until its exit).
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.plan_accuracy", str(spec), "--layouts", "dp=2,zero=3",
+         "pp=2"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [row["layout"] for row in result["layouts"]] == [
         "pp=1,dp=2,tp=1,zero=3,fp32",
         "pp=2,dp=1,tp=1,zero=0,fp32",
