@@ -214,8 +214,7 @@ class ParallelSpec(_Strict):
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
-        chosen = ("dp", "tp", "pp", "zero_stage", "pp_schedule", "pp_virtual_stages")
-        given = [name for name in (*chosen, "sequence_parallel") if name in self.model_fields_set]
+        given = sorted(self.model_fields_set - {"auto", "max_tp", "max_pp", "fsdp_mixed_precision"})
         if self.auto and given:
             raise ValueError(
                 f"parallel.auto chooses the layout: drop parallel.{', parallel.'.join(given)}, "
