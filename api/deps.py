@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Generic, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
@@ -12,6 +14,7 @@ from api.auth_guard import refusal_message
 from api.errors import ApiError
 from api.rate_limit import TokenBuckets, retry_after_header
 from service.config import Settings
+from service.db import Database
 from service.job_views import JobViews
 from service.principal import Principal
 from service.runtime import Runtime
@@ -20,6 +23,7 @@ from service.users import UserDirectory, hash_token
 
 # Dependencies that only read app.state are `async def`: FastAPI runs a plain `def` one in
 # the thread pool, a hop per dependency per request for nothing.
+T = TypeVar("T")
 _bearer = HTTPBearer(auto_error=False, description="An API token: `shardline token create`")
 
 
@@ -39,11 +43,22 @@ async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-async def get_current_user(
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A request's bearer token, not yet looked up: what `read_as` authenticates in the
+    same thread-pool call and on the same connection as the read it makes."""
+
+    token_hash: str
+    address: str
+
+
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    challenge = {"WWW-Authenticate": "Bearer"}
+) -> Caller:
     # Failed authentications are limited per address before any lookup: a flood of bad
     # tokens is answered by api/auth_guard.py before routing; this check holds for a route
     # outside its prefixes, with no database read either.
@@ -55,15 +70,18 @@ async def get_current_user(
         )
     if credentials is None:
         failures.take(address)
-        raise ApiError(401, "unauthorized", "missing bearer token", headers=challenge)
-    users: UserDirectory = request.app.state.users
-    token_hash = hash_token(credentials.credentials)
-    user = await run_in_threadpool(users.authenticate_hash, token_hash)
+        raise ApiError(401, "unauthorized", "missing bearer token", headers=_CHALLENGE)
+    return Caller(hash_token(credentials.credentials), address)
+
+
+def _admit(request: Request, caller: Caller, user: Principal | None) -> Principal:
+    """`user` (the token's owner, None for an unknown or revoked token) if the request may
+    go on: a 401 counted against the address, or a 429 past the token's rate limit."""
     if user is None:
-        failures.take(address)
-        raise ApiError(401, "unauthorized", "invalid or revoked token", headers=challenge)
+        request.app.state.auth_failures.take(caller.address)
+        raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
     limiter: TokenBuckets = request.app.state.rate_limit
-    wait_s = limiter.take(token_hash)
+    wait_s = limiter.take(caller.token_hash)
     if wait_s > 0:
         raise ApiError(
             429,
@@ -77,8 +95,48 @@ async def get_current_user(
     return user
 
 
+async def get_current_user(
+    request: Request, caller: Annotated[Caller, Depends(get_caller)]
+) -> Principal:
+    users: UserDirectory = request.app.state.users
+    user = await run_in_threadpool(users.authenticate_hash, caller.token_hash)
+    return _admit(request, caller, user)
+
+
+async def read_as(request: Request, caller: Caller, read: Callable[[Principal], T]) -> T:
+    """`read(user)` for the caller's user, authenticated in the same thread-pool call and
+    on the same pooled connection as the read (the polled reads' path: a hop to the pool
+    and a checkout cost more than the read itself). The token is looked up on every
+    request, so a revocation holds from the next one, whichever process made it."""
+    users: UserDirectory = request.app.state.users
+    db: Database = request.app.state.db
+
+    def authenticated_read() -> tuple[Principal | None, Outcome[T]]:
+        with db.reader():
+            user = users.authenticate_hash(caller.token_hash)
+            if user is None:
+                return None, Outcome()
+            try:
+                return user, Outcome(value=read(user))
+            except Exception as err:  # the read's own answer (a 404), given after _admit
+                return user, Outcome(error=err)
+
+    user, outcome = await run_in_threadpool(authenticated_read)
+    _admit(request, caller, user)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value  # type: ignore[return-value]  # set whenever error is not
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    value: T | None = None
+    error: Exception | None = None
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 CurrentUser = Annotated[Principal, Depends(get_current_user)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
 ViewsDep = Annotated[JobViews, Depends(get_views)]

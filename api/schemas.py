@@ -15,7 +15,7 @@ from workers.contract.faults import FaultKind
 from workers.contract.scalars import refuse_coercion
 
 
-def _utc(value: datetime | None) -> datetime | None:
+def utc(value: datetime | None) -> datetime | None:
     # SQLite hands back naive datetimes; every stored time is UTC.
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
@@ -75,7 +75,7 @@ class ErrorBody(BaseModel):
 class _Times(BaseModel):
     @field_serializer("*", when_used="json")
     def _times(self, value: Any) -> Any:
-        return _utc(value).isoformat() if isinstance(value, datetime) else value  # type: ignore[union-attr]
+        return utc(value).isoformat() if isinstance(value, datetime) else value  # type: ignore[union-attr]
 
 
 class JobPublic(_Times):
@@ -108,40 +108,48 @@ class JobPublic(_Times):
     @classmethod
     def of(cls, job: Job | JobView) -> JobPublic:
         """A job as the API reports it: from a read's view, or the row a write returned."""
-        if isinstance(job, Job):
-            job = JobView.of(job)
-        return cls(
-            id=job.id,
-            name=job.name,
-            owner=job.owner,
-            state=job.state,
-            priority=job.priority,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            step=job.current_step,
-            steps=_steps(job.spec),
-            restarts=job.restarts,
-            failures=job.failures,
-            steps_lost=job.steps_lost,
-            seconds_lost=job.seconds_lost,
-            goodput=goodput(job),
-            failure_reason=job.failure_reason,
-            queue_reason=job.queue_reason,
-            latest_metrics=json_safe(job.latest_metrics),
-            latest_checkpoint=job_relative(job.latest_checkpoint),
-            version=job.version,
-            spec=json_safe(job.spec),
-        )
+        view = JobView.of(job) if isinstance(job, Job) else job
+        fields = cls.fields(view)
+        fields["latest_metrics"] = json_safe(fields["latest_metrics"])
+        fields["spec"] = json_safe(fields["spec"])
+        return cls(**fields)
+
+    @staticmethod
+    def fields(job: JobView) -> dict[str, Any]:
+        """The job's fields as plain values, for `api.json_body` to encode without building
+        the model (the polled reads); `of` validates the same dict."""
+        return {
+            "id": job.id,
+            "name": job.name,
+            "owner": job.owner,
+            "state": job.state,
+            "priority": job.priority,
+            "created_at": job.created_at,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "step": job.current_step,
+            "steps": _steps(job.spec),
+            "restarts": job.restarts,
+            "failures": job.failures,
+            "steps_lost": job.steps_lost,
+            "seconds_lost": job.seconds_lost,
+            "goodput": goodput(job),
+            "failure_reason": job.failure_reason,
+            "queue_reason": job.queue_reason,
+            "latest_metrics": job.latest_metrics,
+            "latest_checkpoint": job_relative(job.latest_checkpoint),
+            "version": job.version,
+            "spec": job.spec,
+        }
 
 
 def goodput(job: JobView) -> float | None:
     """Productive time over wall time since the job started (until it ended): the wall
     time less the seconds recoveries lost. None before the job has started."""
-    started = _utc(job.started_at)
+    started = utc(job.started_at)
     if started is None:
         return None
-    wall = ((_utc(job.finished_at) or datetime.now(UTC)) - started).total_seconds()
+    wall = ((utc(job.finished_at) or datetime.now(UTC)) - started).total_seconds()
     if wall <= 0:
         return None
     return min(max((wall - job.seconds_lost) / wall, 0.0), 1.0)
@@ -175,7 +183,12 @@ class MetricsPublic(BaseModel):
     @classmethod
     def of(cls, steps: list[tuple[int, dict[str, Any]]]) -> MetricsPublic:
         """From (step, values) pairs, as `JobViews.metrics` reads them."""
-        return cls(metrics=[{**values, "step": step} for step, values in steps])
+        return cls(**cls.rows(steps))
+
+    @staticmethod
+    def rows(steps: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """The same as plain values, for `api.json_body`."""
+        return {"metrics": [{**values, "step": step} for step, values in steps]}
 
 
 class CheckpointPublic(_Times):

@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from api.bodies import parse_body
-from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep
+from api.deps import CallerDep, CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep, read_as
 from api.errors import ApiError
 from api.init_from import resolve_spec_init_from
+from api.json_body import json_body
 from api.log_stream import follow_response
 from api.openapi import error_responses, request_body
 from api.schemas import (
@@ -31,8 +32,8 @@ from api.schemas import (
 from service.config import Settings
 from service.job_logs import tail_lines
 from service.layout_planning import NoLayout, choose_layout
-from service.models import Job
-from service.principal import Viewer
+from service.models import Checkpoint, Job, JobEvent
+from service.principal import Principal, Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
 from service.store import JobStore
 from workers.contract.data_access import DataAccess
@@ -189,8 +190,9 @@ async def submit_job(
 
 
 @router.get("", response_model=JobsPublic)
-def list_jobs(
-    user: CurrentUser,
+async def list_jobs(
+    request: Request,
+    caller: CallerDep,
     views: ViewsDep,
     settings: SettingsDep,
     state: JobState | None = None,
@@ -199,22 +201,26 @@ def list_jobs(
 ) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     try:
-        page = views.page(
-            user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
+        page = await read_as(
+            request,
+            caller,
+            lambda user: views.page(
+                user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
+            ),
         )
     except ValueError as err:
         raise ApiError(
             422, "validation_error", str(err), [{"field": "cursor", "message": str(err)}]
         ) from None
-    page_public = JobsPublic(
-        jobs=[JobPublic.of(j) for j in page.jobs], next_cursor=page.next_cursor
+    return json_body(
+        {"jobs": [JobPublic.fields(j) for j in page.jobs], "next_cursor": page.next_cursor}
     )
-    return json_response(page_public)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: str, user: CurrentUser, views: ViewsDep) -> Response:
-    return json_response(JobPublic.of(views.get(job_id, user)))
+async def get_job(job_id: str, request: Request, caller: CallerDep, views: ViewsDep) -> Response:
+    view = await read_as(request, caller, lambda user: views.get(job_id, user))
+    return json_body(JobPublic.fields(view))
 
 
 def json_response(model: BaseModel) -> Response:
@@ -250,26 +256,28 @@ def resume_job(job_id: str, user: CurrentUser, store: StoreDep, runtime: Runtime
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)
-def job_events(
+async def job_events(
     job_id: str,
-    user: CurrentUser,
+    request: Request,
+    caller: CallerDep,
     store: StoreDep,
     views: ViewsDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response:
-    views.check_visible(job_id, user)
-    return json_response(
-        EventsPublic(
-            events=[EventPublic.of(e) for e in store.events(job_id, after_id=after, limit=limit)]
-        )
-    )
+    def read(user: Principal) -> list[JobEvent]:
+        views.check_visible(job_id, user)
+        return store.events(job_id, after_id=after, limit=limit)
+
+    events = await read_as(request, caller, read)
+    return json_response(EventsPublic(events=[EventPublic.of(e) for e in events]))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def job_metrics(
+async def job_metrics(
     job_id: str,
-    user: CurrentUser,
+    request: Request,
+    caller: CallerDep,
     views: ViewsDep,
     # Steps are bounded by the spec (and stored as 32-bit integers): a larger one would
     # overflow PostgreSQL's comparison.
@@ -277,17 +285,27 @@ def job_metrics(
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> Response:
     """Logged steps after `since_step`, in order."""
-    return json_response(
-        MetricsPublic.of(views.metrics(job_id, user, since_step=since_step, limit=limit))
+    rows = await read_as(
+        request,
+        caller,
+        lambda user: views.metrics(job_id, user, since_step=since_step, limit=limit),
     )
+    return json_body(MetricsPublic.rows(rows))
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-def job_checkpoints(job_id: str, user: CurrentUser, store: StoreDep, views: ViewsDep) -> Response:
+async def job_checkpoints(
+    job_id: str, request: Request, caller: CallerDep, store: StoreDep, views: ViewsDep
+) -> Response:
     """Committed checkpoints only: a partial one is never reported."""
-    views.check_visible(job_id, user)
+
+    def read(user: Principal) -> list[Checkpoint]:
+        views.check_visible(job_id, user)
+        return store.checkpoints(job_id)
+
+    checkpoints = await read_as(request, caller, read)
     return json_response(
-        CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in store.checkpoints(job_id)])
+        CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in checkpoints])
     )
 
 

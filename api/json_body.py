@@ -1,0 +1,35 @@
+"""Responses of the polled reads, encoded by orjson.
+
+A job's status read spent more server CPU building a pydantic model and encoding it
+(checking every stored spec for what JSON cannot carry first) than reading the row. orjson
+encodes the plain values in one pass; it writes non-finite floats as null, as pydantic
+does. What it refuses (a lone surrogate or an integer past 64 bits in a row stored before
+the spec refused them) takes the stdlib's slower way, made safe by `json_safe`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import orjson
+from fastapi import Response
+
+from api.schemas import json_safe, utc
+
+
+def json_body(value: Any, status_code: int = 200) -> Response:
+    """`value` (dicts, lists, strings, numbers, None, datetimes) as a JSON response;
+    naive datetimes are UTC, as every stored time is."""
+    try:
+        body = orjson.dumps(value, option=orjson.OPT_NAIVE_UTC)
+    except orjson.JSONEncodeError:
+        body = json.dumps(json_safe(value), default=_isoformat, allow_nan=False).encode()
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
+def _isoformat(value: Any) -> str:
+    if isinstance(value, datetime):
+        return utc(value).isoformat()  # type: ignore[union-attr]
+    raise TypeError(f"{type(value).__name__} is not JSON")
