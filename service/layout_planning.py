@@ -7,7 +7,7 @@ import math
 
 from service.quotas import never_fits_quota
 from service.runtime import ClusterInfo, Runtime
-from workers.contract.cost_model import DEFAULT_RATES, Rates
+from workers.contract.cost_model import Rates, default_rates
 from workers.contract.demand import bundle_resources, describe, job_demand
 from workers.contract.events import Event, EventKind
 from workers.contract.planner import PlannedLayout, plan
@@ -46,11 +46,6 @@ def admissible_ranks(spec: JobSpec, runtime: Runtime, quota: dict[str, float] | 
         else:
             high = mid - 1
     return low
-
-
-def rates_for(spec: JobSpec) -> Rates:
-    """Default rates by device (a cluster's calibrated rates are not stored yet)."""
-    return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
 
 
 def _rank_counts(most: int) -> list[int]:
@@ -142,4 +137,4 @@ def choose_layout(
             "parallel: auto found no free resources for one rank of this job now "
             f"({describe(bundle_resources(spec))}); submit a fixed layout to queue for them"
         )
-    return pick_layout(spec, _rank_counts(most), rates_for(spec))
+    return pick_layout(spec, _rank_counts(most), default_rates(spec))

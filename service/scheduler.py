@@ -20,6 +20,7 @@ from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreEr
 from workers.contract.demand import (
     RESOURCE_NAMES,
     TRAINING_BYTES_PER_PARAM,
+    admission_demand,
     counted,
     describe,
     job_demand,
@@ -172,9 +173,14 @@ class Scheduler(PeriodicLoop):
             return
         total = self.cluster_total()
         demand: dict[str, dict[str, float]] = {}
+        # A queued elastic job needs only its fewest ranks free; a started one is counted
+        # at its full size, whatever layout it runs now (the scheduler cannot see that).
+        admitting: dict[str, dict[str, float]] = {}
         for j in active:
             try:
-                demand[j.id] = job_demand(JobSpec.model_validate(j.spec))
+                spec = JobSpec.model_validate(j.spec)
+                demand[j.id] = job_demand(spec)
+                admitting[j.id] = admission_demand(spec)
             except Exception as err:  # one unreadable spec must not stop every other job
                 if j.state == JobState.QUEUED:
                     self._fail(j, f"its stored spec cannot be read: {err}")
@@ -197,7 +203,9 @@ class Scheduler(PeriodicLoop):
         now = datetime.now(UTC)
         plan = plan_admissions(
             [
-                Queued(j.id, demand[j.id], (now - _utc(j.created_at)).total_seconds(), j.owner.name)
+                Queued(
+                    j.id, admitting[j.id], (now - _utc(j.created_at)).total_seconds(), j.owner.name
+                )
                 for j in queued
             ],
             free,

@@ -13,7 +13,8 @@ from api.errors import ApiError
 from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
 from api.routes.jobs import check_data_path
-from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks, rates_for
+from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
+from workers.contract.cost_model import default_rates
 from workers.contract.demand import bundle_resources, describe
 from workers.contract.spec import JobSpec
 
@@ -62,7 +63,7 @@ async def plan_layouts(
                     "the cluster has no free resources for one rank of this spec now "
                     f"({describe(bundle_resources(spec))}); give `ranks` to plan anyway",
                 )
-        rates = rates_for(spec)
+        rates = default_rates(spec)
         planned = plan(
             spec,
             ranks,

@@ -213,3 +213,26 @@ def test_a_start_that_waits_for_workers_gives_way_to_a_cancel(ray_cluster: Local
         wait_for_start([slow], time.monotonic() + 300, lambda: time.monotonic() > asked)
     assert time.monotonic() - started < 5
     ray.cancel(slow, force=True)
+
+
+@ray.remote(num_cpus=0)
+class _Rank:
+    def start(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_a_start_with_a_dead_rank_fails_at_once(ray_cluster: LocalRay) -> None:
+    """A rank whose actor died (with its node, say) fails the start now: the ranks still
+    alive would wait for it in the rendezvous until their join timeout."""
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster.address, namespace="start-test", log_to_driver=False)
+    alive, doomed = _Rank.remote(), _Rank.remote()  # type: ignore[attr-defined]
+    waiting = alive.start.remote(60)
+    dies = doomed.start.remote(60)
+    time.sleep(0.5)
+    ray.kill(doomed, no_restart=True)
+    started = time.monotonic()
+    with pytest.raises(ray.exceptions.RayActorError):
+        wait_for_start([waiting, dies], time.monotonic() + 300, lambda: False)
+    assert time.monotonic() - started < 10
+    ray.kill(alive, no_restart=True)

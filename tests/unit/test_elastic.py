@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
+from workers.contract.cost_model import default_rates
+from workers.contract.demand import admission_demand, job_demand
+from workers.contract.planner import plan
 from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import smaller_layouts, with_dp
+from workers.runtime.placement.elastic import describe_layout, min_ranks, next_smaller, replan
 from workers.runtime.placement.node_health import NodeHealth
 from workers.runtime.placement.reservation import reserve_placement
 
@@ -27,19 +30,42 @@ def spec(dp: int = 4, min_dp: int | None = 1, global_batch: int = 8, **parallel:
     )
 
 
-def test_shrinks_only_to_degrees_that_keep_the_global_batch() -> None:
-    # 12 rows: dp 6, 4, 3, 2, 1 divide it; 5 does not.
-    assert smaller_layouts(spec(dp=6, global_batch=12), 6) == [4, 3, 2, 1]
-    assert smaller_layouts(spec(dp=6, min_dp=3, global_batch=12), 6) == [4, 3]
-    assert smaller_layouts(spec(dp=4, min_dp=None), 4) == []  # not elastic
+def test_a_re_plan_keeps_the_global_batch_and_skips_rank_counts_with_no_layout() -> None:
+    # 8 rows: no layout of the tiny model has 3 ranks (dp 3 does not divide the batch, nor
+    # 3 its heads or layers), so a dp=4 job goes on with 2.
+    full = spec(dp=4, min_dp=1)
+    shrunk = next_smaller(full, full)
+    assert shrunk is not None and shrunk.parallel.world_size == 2
+    assert shrunk.train.global_batch_size == full.train.global_batch_size
+    assert next_smaller(spec(dp=4, min_dp=None), spec(dp=4, min_dp=None)) is None  # not elastic
 
 
-def test_a_shrunk_layout_keeps_tp_pp_and_the_global_batch() -> None:
-    full = spec(dp=4, tp=2)
-    half = with_dp(full, 2)
-    assert (half.parallel.dp, half.parallel.tp, half.parallel.world_size) == (2, 2, 4)
-    assert half.train.global_batch_size == full.train.global_batch_size
-    assert half.accumulation_steps == 2 * full.accumulation_steps
+def test_min_dp_bounds_the_ranks_not_each_layouts_dp() -> None:
+    full = spec(dp=2, tp=2, min_dp=2)  # at least 2 x tp=2 = 4 ranks
+    assert min_ranks(full) == 4 and next_smaller(full, full) is None
+    full = spec(dp=2, tp=2, min_dp=1)
+    assert min_ranks(full) == 2
+    shrunk = next_smaller(full, full)
+    assert shrunk is not None and shrunk.parallel.world_size == 2
+
+
+def test_the_re_plan_is_the_planners_fastest_and_may_change_more_than_dp() -> None:
+    full = spec(dp=2, tp=2, min_dp=1)
+    shrunk = replan(full, 2)
+    assert shrunk is not None
+    best = plan(full, 2, default_rates(full))[0].spec
+    assert shrunk.parallel == best.parallel and shrunk.train == best.train
+    # On this CPU's rates the tiny model runs faster data parallel than tensor parallel.
+    assert (shrunk.parallel.dp, shrunk.parallel.tp) == (2, 1)
+    assert describe_layout(shrunk) == "dp=2 tp=1 pp=1 (2 ranks)"
+
+
+def test_an_elastic_job_is_admitted_on_its_fewest_ranks() -> None:
+    full = spec(dp=2, tp=2, min_dp=1)
+    assert job_demand(full)["CPU"] == 4 and admission_demand(full)["CPU"] == 2
+    assert admission_demand(full)["memory"] < job_demand(full)["memory"]
+    fixed = spec(dp=4, min_dp=None)
+    assert admission_demand(fixed) == job_demand(fixed)
 
 
 def test_min_dp_above_dp_is_refused_naming_the_field() -> None:
@@ -48,7 +74,7 @@ def test_min_dp_above_dp_is_refused_naming_the_field() -> None:
 
 
 class FakeGroup:
-    """Ranks fit only at or below `room` data-parallel ranks (tp=pp=1 here)."""
+    """Ranks fit only at or below `room` ranks."""
 
     def __init__(self, room: int) -> None:
         self.room = room
@@ -63,7 +89,7 @@ class FakeGroup:
 
     def resize(self, spec: JobSpec) -> None:
         self.world_size = spec.parallel.world_size
-        self.resized.append(spec.parallel.dp)
+        self.resized.append(spec.parallel.world_size)
 
     def has_room_for(self, spec: JobSpec) -> bool:
         return spec.parallel.world_size <= self.room
@@ -75,7 +101,7 @@ def test_an_elastic_job_that_cannot_get_its_ranks_goes_on_with_fewer() -> None:
     placed = reserve_placement(
         group,
         spec(dp=4),
-        4,
+        spec(dp=4),
         cancelled=lambda: False,
         on_event=lambda event: events.append(event.message),
         elastic_wait_s=0.05,
@@ -83,8 +109,11 @@ def test_an_elastic_job_that_cannot_get_its_ranks_goes_on_with_fewer() -> None:
     )
     assert placed is not None
     nodes, layout = placed
-    assert (len(nodes), layout.parallel.dp, group.resized) == (2, 2, [2])
-    assert any("elastic re-plan: dp=4" in e and "dp=2" in e for e in events), events
+    assert (len(nodes), layout.parallel.world_size, group.resized) == (2, 2, [2])
+    assert any(
+        e.startswith("elastic re-plan: dp=4 tp=1 pp=1 (4 ranks)") and "(2 ranks)" in e
+        for e in events
+    ), events
 
 
 def test_without_elastic_it_waits_for_capacity_and_cancel_ends_the_wait() -> None:
@@ -96,7 +125,7 @@ def test_without_elastic_it_waits_for_capacity_and_cancel_ends_the_wait() -> Non
     placed = reserve_placement(
         group,
         spec(dp=4, min_dp=None),
-        4,
+        spec(dp=4, min_dp=None),
         cancelled=cancel.is_set,
         on_event=lambda event: events.append(event.message),
         elastic_wait_s=0.05,

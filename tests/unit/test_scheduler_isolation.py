@@ -113,3 +113,24 @@ def test_a_paused_job_holds_no_resources(store: JobStore) -> None:
     launched: list[str] = []
     scheduler(store, launched).tick()
     assert launched == [waiting]
+
+
+def test_an_elastic_job_is_admitted_when_its_fewest_ranks_fit(store: JobStore) -> None:
+    alice = UserDirectory(store.db).ensure_user("alice")
+    running = store.create(
+        alice,
+        JobSpec.model_validate(
+            {"name": "six", "parallel": {"dp": 6}, "train": {"global_batch_size": 12}}
+        ),
+    )
+    with store.db.session() as s:
+        s.execute(update(Job).where(Job.id == running[0].id).values(state="RUNNING"))
+        s.commit()
+    # 2 CPUs free: the fixed 8-rank job waits, the elastic one (at least 2 ranks) starts.
+    fixed = store.create(alice, JobSpec.model_validate({"name": "fixed", **EIGHT_RANKS}))[0].id
+    elastic = {**EIGHT_RANKS, "fault_tolerance": {"elastic": {"min_dp": 2}}}
+    grows = store.create(alice, JobSpec.model_validate({"name": "grows", **elastic}))[0].id
+    launched: list[str] = []
+    scheduler(store, launched).tick()
+    assert launched == [grows]
+    assert "needs 8 CPU; 2 CPU free" in (store.get(fixed).queue_reason or "")

@@ -95,5 +95,8 @@ def test_a_shrunk_elastic_job_grows_back_when_there_is_room(
     assert workers.sizes == [2] and sup.running.parallel.dp == 2
     assert "stop" in workers.log
     assert any(
-        e.startswith("elastic: capacity is back, growing from dp=1 to dp=2") for e in events(sup)
+        e.startswith(
+            "elastic: capacity is back, growing from dp=1 tp=1 pp=1 (1 rank) to dp=2 tp=1 pp=1"
+        )
+        for e in events(sup)
     )

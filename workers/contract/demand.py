@@ -37,11 +37,13 @@ def warm_spares_wanted(spec: JobSpec) -> bool:
     return ft.warm_spares and ft.max_failures > 0 and spec.resources.gpus_per_worker == 0
 
 
-def host_memory(spec: JobSpec) -> float:
+def host_memory(spec: JobSpec, ranks: int | None = None) -> float:
     """Bytes of host memory the job's processes hold at least: each rank's process and
     its warm spare, and on CPU ranks the training state (sharding spreads it over ranks
-    but does not shrink it), twice where in-memory snapshots keep a copy."""
-    processes = spec.parallel.world_size * (2 if warm_spares_wanted(spec) else 1)
+    but does not shrink it), twice where in-memory snapshots keep a copy. `ranks`: on
+    that many ranks instead of the spec's world."""
+    world = spec.parallel.world_size if ranks is None else ranks
+    processes = world * (2 if warm_spares_wanted(spec) else 1)
     state = 0
     if spec.resources.gpus_per_worker == 0:
         state = spec.model.parameter_count() * TRAINING_BYTES_PER_PARAM
@@ -62,6 +64,26 @@ def job_demand(spec: JobSpec) -> Resources:
     """Total resources of a job: every rank's bundle, and the host memory it will hold."""
     demand = _total(spec.parallel.world_size, bundle_resources(spec))
     demand["memory"] = host_memory(spec)
+    return demand
+
+
+def elastic_min_ranks(spec: JobSpec) -> int | None:
+    """The fewest ranks an elastic job goes on with: `min_dp` replicas of the model
+    parallel group it asked for (None if it is not elastic)."""
+    elastic = spec.fault_tolerance.elastic
+    if elastic is None:
+        return None
+    return elastic.min_dp * spec.parallel.tp * spec.parallel.pp
+
+
+def admission_demand(spec: JobSpec) -> Resources:
+    """What a queued job needs free to be admitted: its whole demand, or an elastic job's
+    on its fewest ranks (it starts on what there is and grows when capacity comes)."""
+    ranks = elastic_min_ranks(spec)
+    if ranks is None or ranks >= spec.parallel.world_size:
+        return job_demand(spec)
+    demand = _total(ranks, bundle_resources(spec))
+    demand["memory"] = host_memory(spec, ranks)
     return demand
 
 

@@ -28,7 +28,7 @@ class EventKind(StrEnum):
     FAILURE = "failure"  # a real failure, counted against max_failures: retry, failures
     NONFINITE = "nonfinite"  # a non-finite loss: step, batch, skipped
     RECOVERY = "recovery"  # a recovery ended: mttr_s, steps_lost, seconds_lost, ...
-    ELASTIC = "elastic"  # a re-plan to another size: dp_from, dp_to
+    ELASTIC = "elastic"  # a re-plan or grow-back: dp_from, dp_to (a re-plan: from, to, train)
     NODE = "node"  # a failing node left out of the next placement (or kept): node
     FAULT_INJECTED = "fault_injected"  # fault, rank
 

@@ -274,7 +274,7 @@ class ResumeFromSpec(_Strict):
 
 
 class ElasticSpec(_Strict):
-    """Go on with fewer data-parallel ranks (down to `min_dp`) when a node is lost."""
+    """On node loss, go on re-planned on fewer ranks: down to `min_dp` x tp x pp."""
 
     min_dp: Annotated[int, Field(ge=1, le=MAX_DEGREE)] = 1
 

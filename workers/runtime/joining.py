@@ -16,7 +16,11 @@ START_SLICE_S = 0.5
 
 def wait_for_start(refs: list[Any], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
     """ray.get(refs) by `deadline`, in slices of at most START_SLICE_S that check for a
-    cancel between them (StartCancelled): starting a world can take minutes."""
+    cancel between them (StartCancelled): starting a world can take minutes.
+
+    A rank whose start failed (its actor died, with its node or otherwise) fails the
+    whole start at once: the others wait in the rendezvous for it until their join
+    timeout, minutes from now."""
     pending = list(refs)
     while pending:
         if cancelled():
@@ -24,5 +28,8 @@ def wait_for_start(refs: list[Any], deadline: float, cancelled: Callable[[], boo
         left = deadline - time.monotonic()
         if left <= 0:
             raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not start in time")
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(START_SLICE_S, left))
+        ready, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=min(START_SLICE_S, left)
+        )
+        ray.get(ready)  # raises for a rank that failed
     return ray.get(refs)

@@ -1,39 +1,64 @@
-"""Elastic re-planning: the layouts a job may shrink to when it cannot get all its ranks.
+"""Elastic re-planning: the layout a job goes on in when it cannot get all its ranks.
 
-Only the data-parallel degree changes (tp and pp stay, so every tensor-parallel group and
-pipeline keeps its shape); the global batch stays, so each data-parallel rank accumulates
-more micro-batches. The batch of a step depends only on (seed, step), so a shrunk job
-trains on exactly the data it would have seen, and its losses continue unchanged.
+The whole layout is planned again for fewer ranks, over every dimension the planner
+varies (dp, tp, pp and its schedule, ZeRO stage, sequence parallel, micro-batch,
+activation checkpointing), by the cost model's default rates for the job's device: a
+tp2 x dp2 job that loses two of its four ranks may go on at dp2 or pp2, not only at tp2 x
+dp1. The global batch stays, and the batch of a step depends only on (seed, step), so a
+re-planned job trains on exactly the data it would have seen; a restart restores the
+newest checkpoint or snapshot resharded into the new layout, and its losses continue.
 """
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
+from workers.contract.cost_model import default_rates
+from workers.contract.demand import elastic_min_ranks
+from workers.contract.planner import plan
 from workers.contract.spec import JobSpec
 
 
-def with_dp(spec: JobSpec, dp: int) -> JobSpec:
-    """`spec` with `dp` data-parallel ranks (validated: raises ValueError if it cannot)."""
-    data = spec.model_dump(mode="json")
-    data["parallel"]["dp"] = dp
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as err:
-        raise ValueError(f"cannot run {spec.name} at dp={dp}: {err}") from err
+def min_ranks(full: JobSpec) -> int:
+    """The fewest ranks an elastic job goes on with (0 if it is not elastic)."""
+    return elastic_min_ranks(full) or 0
 
 
-def smaller_layouts(spec: JobSpec, full_dp: int) -> list[int]:
-    """The dp degrees below the current one the job may shrink to, largest first: down to
-    `fault_tolerance.elastic.min_dp`, each one that keeps the global batch whole."""
-    elastic = spec.fault_tolerance.elastic
-    if elastic is None:
-        return []
-    found = []
-    for dp in range(min(spec.parallel.dp, full_dp) - 1, elastic.min_dp - 1, -1):
-        try:
-            with_dp(spec, dp)
-        except ValueError:
-            continue
-        found.append(dp)
-    return found
+def replan(full: JobSpec, ranks: int) -> JobSpec | None:
+    """The planner's fastest layout of `full` on `ranks` ranks that fits the device, or
+    None if it has no legal one there."""
+    rates = default_rates(full)
+    # min_dp bounds the ranks (min_ranks), not each layout's dp: pp2 x dp1 is a fine way
+    # to go on for a job that asked for tp2 x dp2 and min_dp 2.
+    base = full
+    if full.fault_tolerance.elastic is not None:
+        elastic = full.fault_tolerance.elastic.model_copy(update={"min_dp": 1})
+        base = full.model_copy(
+            update={"fault_tolerance": full.fault_tolerance.model_copy(update={"elastic": elastic})}
+        )
+    for planned in plan(base, ranks, rates, device_memory=rates.device_memory):
+        if planned.fits:
+            return planned.spec
+    return None
+
+
+def next_smaller(running: JobSpec, full: JobSpec) -> JobSpec | None:
+    """The layout on the most ranks below `running`'s (down to `min_ranks(full)`) that has
+    a legal layout, planned again from `full`; None if there is none or the job is not
+    elastic."""
+    fewest = elastic_min_ranks(full)
+    if fewest is None:
+        return None
+    for ranks in range(running.parallel.world_size - 1, max(fewest, 1) - 1, -1):
+        layout = replan(full, ranks)
+        if layout is not None:
+            return layout
+    return None
+
+
+def describe_layout(spec: JobSpec) -> str:
+    """`dp=2 tp=1 pp=1 (2 ranks)` (the schedule too where pp > 1), as events name a
+    layout."""
+    par = spec.parallel
+    text = f"dp={par.dp} tp={par.tp} pp={par.pp}"
+    if par.pp > 1:
+        text += f" {par.pp_schedule.value}"
+    return text + f" ({par.world_size} rank{'s' if par.world_size != 1 else ''})"

@@ -1,5 +1,5 @@
 """Getting a job's placement: wait for capacity (cancel still works), and, for an elastic
-job that cannot get all its ranks, re-plan to fewer data-parallel ranks."""
+job that cannot get all its ranks, re-plan the whole layout on fewer ranks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from workers.contract.events import Event, EventKind
 from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import smaller_layouts, with_dp
+from workers.runtime.placement.elastic import describe_layout, next_smaller
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,16 @@ class Reserver(Protocol):
 def reserve_placement(
     workers: Reserver,
     spec: JobSpec,
-    full_dp: int,
+    full: JobSpec,
     *,
     cancelled: Callable[[], bool],
     on_event: Callable[[Event], Any],
     elastic_wait_s: float = ELASTIC_WAIT_S,
     chunk_s: float = WAIT_CHUNK_S,
 ) -> tuple[list[str], JobSpec] | None:
-    """Each rank's node and the layout they got, or None when cancelled while waiting."""
+    """Each rank's node and the layout they got, or None when cancelled while waiting.
+    `spec` is the layout to try first, `full` the one the user asked for (an elastic job's
+    smaller layouts are planned again from it)."""
     current = spec
     since = time.monotonic()
     told_waiting = False
@@ -53,8 +55,8 @@ def reserve_placement(
             pass
         if time.monotonic() - since < elastic_wait_s:
             continue
-        smaller = smaller_layouts(current, full_dp)
-        if not smaller or not isinstance(workers, ResizableWorkers):
+        shrunk = next_smaller(current, full) if isinstance(workers, ResizableWorkers) else None
+        if shrunk is None or not isinstance(workers, ResizableWorkers):
             if not told_waiting:
                 on_event(
                     Event(
@@ -66,17 +68,28 @@ def reserve_placement(
                 )
                 told_waiting = True
             continue
-        shrunk = with_dp(current, smaller[0])
-        on_event(
-            Event(
-                EventKind.ELASTIC,
-                f"elastic re-plan: dp={current.parallel.dp} does not fit the cluster now; "
-                f"going on at dp={shrunk.parallel.dp} (tp={shrunk.parallel.tp}, "
-                f"pp={shrunk.parallel.pp}, {shrunk.accumulation_steps} micro-batches per "
-                "step, same global batch)",
-                {"dp_from": current.parallel.dp, "dp_to": shrunk.parallel.dp},
-            )
-        )
+        on_event(replanned(current, shrunk))
         workers.resize(shrunk)
         current, since = shrunk, time.monotonic()
     return None
+
+
+def replanned(running: JobSpec, shrunk: JobSpec) -> Event:
+    before, after = running.parallel, shrunk.parallel
+    return Event(
+        EventKind.ELASTIC,
+        f"elastic re-plan: {describe_layout(running)} does not fit the cluster now; going "
+        f"on at {describe_layout(shrunk)}, micro-batch {shrunk.train.micro_batch_size}, "
+        f"{shrunk.accumulation_steps} micro-batches per step, same global batch: the "
+        "planner's fastest layout on those ranks",
+        {
+            "dp_from": before.dp,
+            "dp_to": after.dp,
+            "from": before.model_dump(mode="json"),
+            "to": after.model_dump(mode="json"),
+            "train": {
+                "micro_batch_size": shrunk.train.micro_batch_size,
+                "activation_checkpointing": shrunk.train.activation_checkpointing.value,
+            },
+        },
+    )

@@ -1,5 +1,5 @@
-"""Elastic grow-back: a job that shrank to fewer data-parallel ranks looks now and then
-whether the cluster could hold its full size again, and says so when it grows."""
+"""Elastic grow-back: a job re-planned on fewer ranks looks now and then whether the
+cluster could hold the layout it asked for again, and says so when it grows."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 
 from workers.contract.events import Event, EventKind
 from workers.contract.spec import JobSpec
+from workers.runtime.placement.elastic import describe_layout
 from workers.runtime.placement.reservation import ResizableWorkers
 
 # How often a shrunk elastic job looks for the capacity to grow back.
@@ -22,7 +23,7 @@ class GrowBack:
     def due(self, running: JobSpec, workers: object) -> bool:
         """Whether a job running at `running` could grow back to its full size now (a
         cheap check, at most every `check_every_s`)."""
-        if running.parallel.dp >= self.full.parallel.dp or not isinstance(
+        if running.parallel.world_size >= self.full.parallel.world_size or not isinstance(
             workers, ResizableWorkers
         ):
             return False
@@ -34,7 +35,7 @@ class GrowBack:
     def event(self, running: JobSpec) -> Event:
         return Event(
             EventKind.ELASTIC,
-            f"elastic: capacity is back, growing from dp={running.parallel.dp} to "
-            f"dp={self.full.parallel.dp} from a checkpoint",
+            f"elastic: capacity is back, growing from {describe_layout(running)} to "
+            f"{describe_layout(self.full)} from a checkpoint",
             {"dp_from": running.parallel.dp, "dp_to": self.full.parallel.dp},
         )

@@ -19,6 +19,7 @@ from workers.contract.lifecycle import TERMINAL, JobState, is_legal
 from workers.contract.progress import ProgressBuffer, ProgressRead
 from workers.contract.spec import JobSpec
 from workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
+from workers.runtime.placement.elastic import describe_layout
 from workers.runtime.placement.reservation import ResizableWorkers, reserve_placement
 from workers.runtime.supervisor.decisions import Next
 from workers.runtime.supervisor.grow import GrowBack
@@ -85,7 +86,7 @@ class JobSupervisor:
             self.recoveries.current = Recovery(
                 time.monotonic(), recorded_step, "the supervisor was lost"
             )
-        self.running = self.spec  # the layout running now: fewer dp ranks after a re-plan
+        self.running = self.spec  # the layout running now: another after an elastic re-plan
         self.grow = GrowBack(self.spec)
         self._cancel = threading.Event()
         self._pause = threading.Event()
@@ -198,7 +199,7 @@ class JobSupervisor:
         placed = reserve_placement(
             self.workers,
             self.running,
-            self.spec.parallel.dp,
+            self.spec,
             cancelled=self._cancel.is_set,
             on_event=self.relay.event,
         )
@@ -262,7 +263,7 @@ class JobSupervisor:
         self.relay.event(self.grow.event(self.running))
         self.workers.resize(self.spec)
         self.running = self.spec
-        return Next(JobState.RESTARTING, f"growing back to dp={self.spec.parallel.dp}")
+        return Next(JobState.RESTARTING, f"growing back to {describe_layout(self.spec)}")
 
     def _stop_workers(self, *, save: bool, grace_s: float) -> list[WorkerStatus]:
         """Ask every rank to stop and wait until all have: up to `grace_s`, and no longer
