@@ -83,16 +83,20 @@ def _admit(request: Request, caller: Caller, user: Principal | None) -> Principa
     limiter: TokenBuckets = request.app.state.rate_limit
     wait_s = limiter.take(caller.token_hash)
     if wait_s > 0:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"more than {limiter.rate_per_s:g} requests per second (bursts of "
-            f"{limiter.burst:g}) with this token; retry after the Retry-After seconds "
-            "(the server's limit is SHARDLINE_RATE_LIMIT_PER_S and SHARDLINE_RATE_LIMIT_BURST)",
-            {"limit_per_s": limiter.rate_per_s, "burst": limiter.burst},
-            headers=retry_after_header(wait_s),
-        )
+        raise _over_rate_limit(limiter, wait_s)
     return user
+
+
+def _over_rate_limit(limiter: TokenBuckets, wait_s: float) -> ApiError:
+    return ApiError(
+        429,
+        "rate_limited",
+        f"more than {limiter.rate_per_s:g} requests per second (bursts of "
+        f"{limiter.burst:g}) with this token; retry after the Retry-After seconds "
+        "(the server's limit is SHARDLINE_RATE_LIMIT_PER_S and SHARDLINE_RATE_LIMIT_BURST)",
+        {"limit_per_s": limiter.rate_per_s, "burst": limiter.burst},
+        headers=retry_after_header(wait_s),
+    )
 
 
 async def get_current_user(
@@ -110,6 +114,11 @@ async def read_as(request: Request, caller: Caller, read: Callable[[Principal], 
     request, so a revocation holds from the next one, whichever process made it."""
     users: UserDirectory = request.app.state.users
     db: Database = request.app.state.db
+    # A token already over its limit is refused before any read (only a token that
+    # authenticated has a bucket to be short in; this spends nothing).
+    limiter: TokenBuckets = request.app.state.rate_limit
+    if (wait_s := limiter.wait(caller.token_hash)) > 0:
+        raise _over_rate_limit(limiter, wait_s)
 
     def authenticated_read() -> tuple[Principal | None, Outcome[T]]:
         with db.reader():

@@ -66,6 +66,18 @@ def test_a_token_over_its_rate_gets_429_with_retry_after(limited: LimitedServer)
         error = refused.json()["error"]
         assert error["code"] == "rate_limited"
         assert "SHARDLINE_RATE_LIMIT_PER_S" in error["message"]
+        # A token over its limit is refused before its read: no lookup, no query.
+        looked_up: list[str] = []
+        authenticate = UserDirectory.authenticate_hash
+
+        def counted(self: UserDirectory, token_hash: str) -> object:
+            looked_up.append(token_hash)
+            return authenticate(self, token_hash)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(UserDirectory, "authenticate_hash", counted)
+            again = [http.get("/v1/jobs", headers=first).status_code for _ in range(5)]
+        assert again == [429] * 5 and looked_up == []
         # The limit is per token: the same user's other token is not held back.
         assert http.get("/v1/jobs", headers=second).status_code == 200
 
