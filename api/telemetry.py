@@ -6,13 +6,14 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.db import Database
-from service.models import Job
+from service.models import Job, JobEvent
+from workers.contract.events import EventKind
 from workers.contract.lifecycle import JobState
 
 # Label values come from this fixed set, so no request can add a series: a made-up method
@@ -35,6 +36,39 @@ class JobsByState(Collector):
         yield gauge
 
 
+# Submit -> first step, in seconds: the start a user waits for (S2 aims at 2 s).
+FIRST_STEP_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+# The newest jobs' first steps only: a scrape reads a bounded number of events.
+FIRST_STEP_JOBS = 1000
+
+
+class FirstSteps(Collector):
+    """Seconds from submit to the end of the first step of the newest jobs that trained,
+    as a histogram, read at scrape time from their `first_step` events."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        query = (
+            select(JobEvent.data)
+            .where(JobEvent.data["kind"].as_string() == EventKind.FIRST_STEP.value)
+            .order_by(JobEvent.id.desc())
+            .limit(FIRST_STEP_JOBS)
+        )
+        with self.db.reader() as conn:
+            seconds = [float(d["seconds"]) for d in conn.scalars(query) if d and "seconds" in d]
+        buckets = [
+            (str(bound), sum(1 for v in seconds if v <= bound)) for bound in FIRST_STEP_BUCKETS
+        ]
+        yield HistogramMetricFamily(
+            "shardline_first_step_seconds",
+            f"Seconds from submit to the end of the first step (the newest {FIRST_STEP_JOBS} jobs)",
+            buckets=[*buckets, ("+Inf", len(seconds))],
+            sum_value=sum(seconds),
+        )
+
+
 class ApiTelemetry:
     def __init__(self, db: Database) -> None:
         self.registry = CollectorRegistry()
@@ -51,6 +85,7 @@ class ApiTelemetry:
             registry=self.registry,
         )
         self.registry.register(JobsByState(db))
+        self.registry.register(FirstSteps(db))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in KNOWN_METHODS else "other"

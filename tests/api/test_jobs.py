@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
+import httpx
 import pytest
 
 from api.client import Client, NotFound
@@ -138,3 +140,36 @@ def test_events_metrics_and_logs_read_from_where_the_caller_left_off(backend: Ba
         assert c.logs(job_id, rank=1, tail=3) == ["line 7", "line 8", "line 9"]
         assert c.logs(job_id, rank=1) == [f"line {i}" for i in range(10)]
         assert c.logs(job_id, rank=0) == []
+
+
+def _first_step_series(backend: Backend, token: str) -> dict[str, float]:
+    text = httpx.get(
+        f"{backend.server.url}/metrics", headers={"Authorization": f"Bearer {token}"}
+    ).text
+    return {
+        name.removeprefix("shardline_first_step_seconds"): float(value)
+        for name, value in (
+            line.rsplit(" ", 1)
+            for line in text.splitlines()
+            if line.startswith("shardline_first_step_seconds")
+        )
+    }
+
+
+def test_submit_to_first_step_is_a_histogram_on_metrics(backend: Backend) -> None:
+    _, token = backend.new_user()
+    _, admin = backend.new_user(admin=True)
+    with backend.client(token) as c:
+        job_id = c.submit(SPEC)["id"]
+    store = JobStore(backend.db)
+    created = store.get(job_id).created_at
+    submitted = (created if created.tzinfo else created.replace(tzinfo=UTC)).timestamp()
+    before = _first_step_series(backend, admin)
+    values = {"step": 1, "loss": 2.0, "time": submitted + 1.5}
+    step = MetricsEntry(step=1, values=values, seq=1)
+    store.record_progress(job_id, [step], after_seq=0)
+    after = _first_step_series(backend, admin)
+    grew = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert grew['_bucket{le="1.0"}'] == 0 and grew['_bucket{le="2.0"}'] == 1
+    assert grew['_bucket{le="+Inf"}'] == 1 and grew["_count"] == 1
+    assert grew["_sum"] == pytest.approx(1.5, abs=0.01)
