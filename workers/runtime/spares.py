@@ -53,7 +53,8 @@ class WarmSpares:
             return [], False
         if made_for == key:
             try:
-                ray.get([a.poll.remote() for a in spares], timeout=SPARE_CHECK_S)
+                # Raised back to normal priority (they started below the training ranks).
+                ray.get([a.foreground.remote() for a in spares], timeout=SPARE_CHECK_S)
                 return spares, False
             except Exception as err:  # a spare died with its node, or is too slow
                 log.info("job %s: warm spares unusable (%s)", job_id, err)

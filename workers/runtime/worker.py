@@ -24,6 +24,7 @@ from workers.contract.status import (
     WorkerPhase,
     WorkerStatus,
 )
+from workers.runtime import priority
 from workers.runtime.faults import ArmedFaults
 from workers.storage.layout import CheckpointLocations, JobLayout
 
@@ -63,7 +64,15 @@ class TrainingWorker:
         spec_json: str,
         checkpoints: CheckpointLocations | None = None,
         cpus: float = 1.0,
+        spare: bool = False,
     ) -> None:
+        # Ray starts its workers at nice 15, below the raylet, the API and every other
+        # process of the node: a rank goes to normal priority where it may, and a warm
+        # spare to the lowest, below the ranks that train now, until a restart takes it
+        # (`foreground()`; workers/runtime/priority.py).
+        self._background = spare and priority.lower()
+        if not spare:
+            priority.normal()
         self.job_id, self.rank, self.world_size = layout.job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
         self.checkpoints = checkpoints
@@ -92,6 +101,15 @@ class TrainingWorker:
 
         # Ranks share a node's cores: without this each would start one thread per core.
         torch.set_num_threads(max(1, int(cpus)))
+        if spare:  # what a rank imports to join and train, ahead, while it has time
+            import workers.engine.trainer  # noqa: F401
+
+    def foreground(self) -> bool:
+        """A warm spare taken by a restart: back to normal priority. Whether it answers."""
+        if self._background:
+            priority.raise_back()
+            self._background = False
+        return True
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Called on rank 0: this node's address and a free port for the process group."""

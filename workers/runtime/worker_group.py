@@ -184,7 +184,7 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=bundle
                 ),
-            ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"])
+            ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"], spare)
             for rank, bundle in enumerate(self.bundle_of_rank)
         ]
 
