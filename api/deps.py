@@ -21,9 +21,10 @@ from service.runtime import Runtime
 from service.store import JobStore
 from service.users import UserDirectory, hash_token
 
+T = TypeVar("T")
+
 # Dependencies that only read app.state are `async def`: FastAPI runs a plain `def` one in
 # the thread pool, a hop per dependency per request for nothing.
-T = TypeVar("T")
 _bearer = HTTPBearer(auto_error=False, description="An API token: `shardline token create`")
 
 

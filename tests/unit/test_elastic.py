@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from workers.contract.cost_model import default_rates
-from workers.contract.demand import admission_demand, job_demand
+from workers.contract.demand import admission_demand, elastic_min_ranks, job_demand
 from workers.contract.planner import plan
 from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import describe_layout, min_ranks, next_smaller, replan
+from workers.runtime.placement.elastic import describe_layout, next_smaller, replan
 from workers.runtime.placement.node_health import NodeHealth
 from workers.runtime.placement.reservation import reserve_placement
 
@@ -42,9 +42,9 @@ def test_a_re_plan_keeps_the_global_batch_and_skips_rank_counts_with_no_layout()
 
 def test_min_dp_bounds_the_ranks_not_each_layouts_dp() -> None:
     full = spec(dp=2, tp=2, min_dp=2)  # at least 2 x tp=2 = 4 ranks
-    assert min_ranks(full) == 4 and next_smaller(full, full) is None
+    assert elastic_min_ranks(full) == 4 and next_smaller(full, full) is None
     full = spec(dp=2, tp=2, min_dp=1)
-    assert min_ranks(full) == 2
+    assert elastic_min_ranks(full) == 2
     shrunk = next_smaller(full, full)
     assert shrunk is not None and shrunk.parallel.world_size == 2
 

@@ -17,16 +17,11 @@ from workers.contract.planner import plan
 from workers.contract.spec import JobSpec
 
 
-def min_ranks(full: JobSpec) -> int:
-    """The fewest ranks an elastic job goes on with (0 if it is not elastic)."""
-    return elastic_min_ranks(full) or 0
-
-
 def replan(full: JobSpec, ranks: int) -> JobSpec | None:
     """The planner's fastest layout of `full` on `ranks` ranks that fits the device, or
     None if it has no legal one there."""
     rates = default_rates(full)
-    # min_dp bounds the ranks (min_ranks), not each layout's dp: pp2 x dp1 is a fine way
+    # min_dp bounds the ranks (elastic_min_ranks), not each layout's dp: pp2 x dp1 is a fine way
     # to go on for a job that asked for tp2 x dp2 and min_dp 2.
     base = full
     if full.fault_tolerance.elastic is not None:
@@ -41,8 +36,8 @@ def replan(full: JobSpec, ranks: int) -> JobSpec | None:
 
 
 def next_smaller(running: JobSpec, full: JobSpec) -> JobSpec | None:
-    """The layout on the most ranks below `running`'s (down to `min_ranks(full)`) that has
-    a legal layout, planned again from `full`; None if there is none or the job is not
+    """The layout on the most ranks below `running`'s (down to `elastic_min_ranks(full)`) with
+    a legal one, planned again from `full`; None if there is none or the job is not
     elastic."""
     fewest = elastic_min_ranks(full)
     if fewest is None:
