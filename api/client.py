@@ -9,6 +9,7 @@ client.wait(job["id"], timeout=600)
 from __future__ import annotations
 
 import builtins
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ from workers.contract.lifecycle import TERMINAL
 from workers.contract.spec import JobSpec, load_spec
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
+
+log = logging.getLogger(__name__)
 
 
 class ShardlineError(Exception):
@@ -89,6 +92,10 @@ def _spec_body(spec: JobSpec | dict[str, Any] | str | Path) -> dict[str, Any]:
     return load_spec(spec).model_dump(mode="json", exclude_defaults=True)
 
 
+# What a request on a connection the server has just closed fails with.
+_STALE_CONNECTION = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+
+
 class Client:
     def __init__(
         self,
@@ -131,7 +138,15 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except _STALE_CONNECTION as err:
+            if method != "GET":
+                raise
+            # A kept-alive connection the server closed as this request went out (its idle
+            # timeout, on a loaded host): a read is safe to send once more, on a new one.
+            log.info("%s %s: %s; sending it again", method, path, type(err).__name__)
+            response = self._http.request(method, path, **kwargs)
         if response.is_success:
             return response.json()
         self._raise_for(response)

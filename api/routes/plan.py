@@ -14,8 +14,8 @@ from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
 from api.routes.jobs import check_data_path
 from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
-from workers.contract.cost_model import default_rates
 from workers.contract.demand import bundle_resources, describe
+from workers.contract.planner import default_rates
 from workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))

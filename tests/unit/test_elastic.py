@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from workers.contract.cost_model import default_rates
 from workers.contract.demand import admission_demand, elastic_min_ranks, job_demand
-from workers.contract.planner import plan
+from workers.contract.planner import default_rates, plan
 from workers.contract.spec import JobSpec
 from workers.runtime.placement.elastic import describe_layout, next_smaller, replan
 from workers.runtime.placement.node_health import NodeHealth

@@ -102,12 +102,6 @@ DEFAULT_RATES: dict[str, Rates] = {
 }
 
 
-def default_rates(spec: JobSpec) -> Rates:
-    """Default rates by the spec's device (a cluster's calibrated rates are not stored
-    yet): the service plans `parallel: auto` and elastic re-plans with these."""
-    return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
-
-
 @dataclass
 class Prediction:
     step_s: float

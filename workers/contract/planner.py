@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workers.contract.cost_model import Prediction, Rates, predict
+from workers.contract.cost_model import DEFAULT_RATES, Prediction, Rates, predict
 from workers.contract.sections import ActivationCheckpointing, PipelineSchedule
 from workers.contract.spec import JobSpec
 
@@ -127,6 +127,12 @@ def _variants(legal: JobSpec) -> list[JobSpec]:
                     )
                 )
     return out
+
+
+def default_rates(spec: JobSpec) -> Rates:
+    """Rates by the spec's device (a cluster's calibrated rates are not stored yet): the
+    service plans `parallel: auto` and elastic re-plans with these."""
+    return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
 
 
 def plan(

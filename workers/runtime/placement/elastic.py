@@ -11,9 +11,8 @@ newest checkpoint or snapshot resharded into the new layout, and its losses cont
 
 from __future__ import annotations
 
-from workers.contract.cost_model import default_rates
 from workers.contract.demand import elastic_min_ranks
-from workers.contract.planner import plan
+from workers.contract.planner import default_rates, plan
 from workers.contract.spec import JobSpec
 
 
