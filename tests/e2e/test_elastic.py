@@ -32,8 +32,8 @@ from tests.support.ray_head import attached
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
 
-# Long enough on 2 ranks (2-3 steps a second there) for a node to come back and the job
-# to grow: the node took 5 s to return here.
+# The job loses a node after step 6 and grows back after a few steps on 2 ranks; the
+# rest run on 4 ranks (0.3-0.5 s a step here).
 STEPS = 100
 LIMIT_S = 400.0  # generous: a loaded 2-core machine is slow
 CPUS_PER_NODE = 2  # logical: a 4-rank job spreads two ranks (one tp group) on each node
@@ -168,12 +168,12 @@ def test_node_lost_elastic_job_is_re_planned_on_half_and_grows_back(
         assert "placement group ready: 4 ranks on 2 node(s)" in messages(c, job["id"])
         kill_node(second)
         wait_for_event(c, job["id"], "elastic re-plan: dp=2 tp=2 pp=1 (4 ranks)")
-        wait_for_event(c, job["id"], "placement group ready: 2 ranks on 1 node(s)")
-        shrunk_at = c.get(job["id"])["step"]
-        # It trains re-planned on the one node left (its steps there are few and fast: the
-        # node comes back at once, and its start takes seconds).
-        wait_for(c, job["id"], lambda j: j["step"] >= shrunk_at + 1, LIMIT_S)
+        # A node returns as soon as the job has re-planned: its steps on 2 ranks are fast
+        # (0.06 s here, about 6 s for the rest of the run) and a node takes seconds to
+        # join, so a later start found the job done on CI once. It grows only once it has
+        # trained re-planned (the timeline's checks below), so the shrunk layout trains.
         stack.enter_context(ray_node(head, tmp_path / "node3.log"))
+        wait_for_event(c, job["id"], "placement group ready: 2 ranks on 1 node(s)")
         wait_for_event(c, job["id"], "elastic: capacity is back")
         done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", LIMIT_S)
         metrics = c.metrics(job["id"])

@@ -100,3 +100,27 @@ def test_a_shrunk_elastic_job_grows_back_when_there_is_room(
         )
         for e in events(sup)
     )
+
+
+def test_a_shrunk_job_grows_back_only_after_training_past_its_restore(tmp_path: Path) -> None:
+    workers = PlacedFakeWorkers(
+        [
+            [status(0, "training", 6)],  # started again at step 6: not past the restore yet
+            [status(0, "training", 7)],  # trained past it: the recovery closes, it may grow
+            [status(0, "stopped", 7)],
+            [status(0, "done", 10), status(1, "done", 10)],
+        ],
+        nodes=["node-a", "node-a"],
+    )
+    sup = make(tmp_path, workers, elastic={"min_dp": 1})
+    sup.grow.check_every_s = 0.0
+    sup.running = JobSpec.model_validate({**sup.spec.model_dump(), "parallel": {"dp": 1}})
+    sup.recoveries.open("node lost", [1], front_step=9).restored_step = 6
+    stopped_after: list[int] = []
+    workers.request_stop = lambda save=False: stopped_after.append(len(workers.polls_at))  # type: ignore[method-assign]
+    assert sup.run() == JobState.SUCCEEDED
+    assert stopped_after == [2]  # not at the first poll, which had not trained past step 6
+    said = events(sup)
+    recovered = next(i for i, e in enumerate(said) if e.startswith("recovered in"))
+    grown = next(i for i, e in enumerate(said) if e.startswith("elastic: capacity is back"))
+    assert recovered < grown, said

@@ -234,7 +234,9 @@ class JobSupervisor:
             return self.handling.failed(group)
         if group.verdict == Verdict.FINISHED:
             return self._finished(group.statuses)
-        if self.grow.due(self.running, self.workers):
+        # Grow only once the smaller layout trained past its restore (its recovery closed):
+        # the checkpoint it grows from holds new steps, and no restart follows an untried one.
+        if self.recoveries.current is None and self.grow.due(self.running, self.workers):
             return self._grow_back()
         return Next(JobState.RUNNING)
 
