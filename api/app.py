@@ -14,7 +14,7 @@ from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.options import install_options
 from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, plan, system
+from api.routes import export, faults, jobs, plan, queue, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -77,6 +77,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(faults.router)
     app.include_router(export.router)
     app.include_router(system.router)
+    app.include_router(queue.router)
     app.include_router(plan.router)
     install_openapi(app)
     install_docs(app)

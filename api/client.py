@@ -197,6 +197,10 @@ class Client:
         """Queue a PAUSED job again; it continues from its checkpoint."""
         return self._call("POST", f"/v1/jobs/{job_id}/resume")
 
+    def set_priority(self, job_id: str, priority: int) -> dict[str, Any]:
+        """A new priority for a job that has not ended (an owner may only lower it)."""
+        return self._call("PATCH", f"/v1/jobs/{job_id}", json={"priority": priority})
+
     def events(self, job_id: str, after: int = 0) -> builtins.list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{job_id}/events", params={"after": after})["events"]
 

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.rate_limit import retry_after_header
+from service.queue import PriorityRefused
 from service.quotas import QuotaExceeded
 from service.store import (
     ConcurrentUpdate,
@@ -32,6 +33,7 @@ _STORE_STATUS: dict[type[StoreError], int] = {
     IdempotencyConflict: 409,
     IllegalTransition: 409,
     ConcurrentUpdate: 409,
+    PriorityRefused: 403,
 }
 _HTTP_CODES = {
     400: "bad_request",

@@ -225,6 +225,33 @@ class LogsPublic(BaseModel):
     ranks: list[int]
 
 
+class HoldingPublic(BaseModel):
+    """One job's ranks on one node; another user's job is not named to a non-admin."""
+
+    job_id: str | None
+    name: str | None
+    ranks: int
+    resources: dict[str, float]
+
+
+class NodePublic(BaseModel):
+    node_id: str
+    address: str
+    alive: bool
+    resources: dict[str, float]
+    held: list[HoldingPublic]
+
+
+class QueuedPublic(BaseModel):
+    position: int  # in admission order among every user's queued jobs, 1 first
+    id: str
+    name: str
+    owner: str
+    priority: int
+    created_at: datetime
+    reason: str | None
+
+
 class ClusterPublic(BaseModel):
     runtime: str
     connected: bool
@@ -232,6 +259,21 @@ class ClusterPublic(BaseModel):
     resources: dict[str, float]
     available: dict[str, float]
     jobs: dict[str, int]
+    nodes: list[NodePublic] = []
+    queue: list[QueuedPublic] = []
+
+
+class JobPatch(BaseModel):
+    """PATCH /v1/jobs/{id}: what may change on a job that has not ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: Annotated[int, Field(ge=-1000, le=1000)]
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return refuse_coercion({int}, value)
 
 
 def _steps(spec: Any) -> int:

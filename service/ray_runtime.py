@@ -10,7 +10,9 @@ import time
 from typing import Any
 
 import ray
+from ray.util import placement_group_table
 
+from service.cluster_view import nodes_view
 from service.config import Settings
 from service.models import Job
 from service.quotas import resource_limits
@@ -217,6 +219,7 @@ class RayRuntime:
             message=f"Ray at {self.address}",
             resources=self._total(),
             available={k: float(available.get(k, 0.0)) for k in RESOURCE_NAMES},
+            nodes=nodes_view(ray.nodes(), placement_group_table()),
         )
 
     def refusal(self, spec: JobSpec) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from service.cluster_view import NodeInfo
 from service.scheduler import host_memory_refusal
 from workers.contract.spec import JobSpec
 
@@ -16,6 +17,7 @@ class ClusterInfo:
     message: str
     resources: dict[str, float] = field(default_factory=dict)
     available: dict[str, float] = field(default_factory=dict)
+    nodes: list[NodeInfo] = field(default_factory=list)
 
 
 class FaultNotDelivered(RuntimeError):

@@ -165,10 +165,7 @@ class Scheduler(PeriodicLoop):
 
     def tick(self) -> None:
         active = self.store.active_jobs()
-        queued = sorted(
-            (j for j in active if j.state == JobState.QUEUED),
-            key=lambda j: (-j.priority, _utc(j.created_at)),
-        )
+        queued = sorted((j for j in active if j.state == JobState.QUEUED), key=admission_key)
         if not queued:
             return
         total = self.cluster_total()
@@ -253,6 +250,11 @@ class Scheduler(PeriodicLoop):
             )
         except StoreError as err:
             log.info("job %s not failed: %s", job.id, err)
+
+
+def admission_key(job: Job) -> tuple[int, datetime]:
+    """The order queued jobs are considered in: higher priority first, then older first."""
+    return -job.priority, _utc(job.created_at)
 
 
 def _utc(value: datetime) -> datetime:

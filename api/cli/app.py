@@ -33,6 +33,8 @@ app.command()(jobs.logs)
 app.command()(jobs.metrics)
 app.command()(pausing.pause)
 app.command()(pausing.resume)
+# A negative priority is a value, not an unknown option.
+app.command(context_settings={"ignore_unknown_options": True})(pausing.priority)
 app.command()(pausing.checkpoints)
 app.command()(hf.export)
 app.command()(hf.generate)

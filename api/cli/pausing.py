@@ -1,4 +1,5 @@
-"""Client commands for stopping and continuing work: pause, resume, checkpoints."""
+"""Client commands for stopping, continuing and reordering work: pause, resume, priority,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ def resume(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
     with api_errors(), client(url, token) as c:
         job = c.resume(job_id)
     console.print(f"{job['id']}  {job['state']}")
+
+
+def priority(job_id: str, value: int, url: UrlOption = None, token: TokenOption = None) -> None:
+    """Give a job that has not ended a new priority (queued jobs start highest first; an
+    administrator may raise it, an owner may lower their own)."""
+    with api_errors(), client(url, token) as c:
+        job = c.set_priority(job_id, value)
+    console.print(f"{job['id']}  {job['state']}  priority {job['priority']}")
 
 
 def checkpoints(job_id: str, url: UrlOption = None, token: TokenOption = None) -> None:

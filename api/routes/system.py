@@ -1,17 +1,15 @@
-"""Health, readiness, Prometheus metrics and the cluster's state."""
+"""Health, readiness and Prometheus metrics (the cluster's state: api/routes/queue.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 
-from api.deps import CurrentUser, RuntimeDep
+from api.deps import CurrentUser
 from api.errors import ApiError
 from api.openapi import error_responses
-from api.schemas import ClusterPublic
 from service.db import Database
-from service.models import Job
 
 router = APIRouter(tags=["system"])
 
@@ -55,24 +53,3 @@ def prometheus_metrics(request: Request, user: CurrentUser) -> Response:
         )
     registry = request.app.state.telemetry.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-
-@router.get("/v1/cluster", response_model=ClusterPublic, responses=error_responses(401, 429, 503))
-def cluster(request: Request, user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
-    """Ray's resources, and jobs by state: every user's for an administrator, the caller's
-    own for anyone else."""
-    info = runtime.cluster()
-    db: Database = request.app.state.db
-    query = select(Job.state, func.count()).group_by(Job.state)
-    if not user.is_admin:
-        query = query.where(Job.owner_id == user.id)
-    with db.session() as s:
-        counts = dict(s.execute(query).all())
-    return ClusterPublic(
-        runtime=info.runtime,
-        connected=info.connected,
-        message=info.message,
-        resources=info.resources,
-        available=info.available,
-        jobs={str(k): int(v) for k, v in counts.items()},
-    )

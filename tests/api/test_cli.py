@@ -41,6 +41,10 @@ def test_submit_list_status_cancel(backend: Backend, tmp_path: Path) -> None:
     assert job_id in listed.stdout and "from-cli" in listed.stdout
     status = cli("status", job_id, env=env)
     assert "state: QUEUED" in status.stdout and "step: 0/4" in status.stdout
+    lowered = cli("priority", job_id, "-2", env=env)  # a negative value, not an option
+    assert lowered.stdout.split() == [job_id, "QUEUED", "priority", "-2"], lowered.stderr
+    raised = cli("priority", job_id, "3", env=env)
+    assert raised.returncode == 1 and "only an administrator can raise" in raised.stderr
     cancelled = cli("cancel", job_id, env=env)
     assert cancelled.stdout.split() == [job_id, "CANCELLED"]
     assert "state: CANCELLED" in cli("status", job_id, env=env).stdout

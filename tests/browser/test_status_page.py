@@ -111,6 +111,14 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         expect(page.locator("#resume")).to_be_hidden()
         shoot(page, screenshot_dir, "job-page")
 
+        # The cluster page names the node the job's one rank holds, linked to the job.
+        page.get_by_role("link", name="Cluster").click()
+        holding = page.locator("#nodes ul.held li", has_text="browser-live")
+        expect(holding).to_contain_text("1 rank, 1 CPU")
+        shoot(page, screenshot_dir, "cluster-page")
+        holding.get_by_role("link", name="browser-live").click()
+        expect(page.locator("#job-state")).to_have_text("RUNNING")
+
         page.once("dialog", lambda dialog: dialog.accept())
         page.locator("#cancel").click()
         expect(page.locator("#job-state")).to_have_text("CANCELLED", timeout=120_000)

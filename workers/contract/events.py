@@ -16,6 +16,7 @@ class EventKind(StrEnum):
     # The control plane, at submit:
     PLANNED = "planned"  # parallel: auto chose a layout: parallel, runner_up, ranks, reason
     FIRST_STEP = "first_step"  # the job's first step, seconds after submit: seconds
+    PRIORITY = "priority"  # a user changed a job's priority: from, to, by
     # The engine, on rank 0:
     RESTORED = "restored"  # data: step, path, tier ("memory" or "storage")
     CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a candidate failed to verify: step, problem

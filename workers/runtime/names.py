@@ -13,8 +13,12 @@ def supervisor_name(job_id: str) -> str:
     return f"shardline-job-{job_id}"
 
 
+# A job's placement group is this and its id: the cluster page finds each job's holdings.
+PLACEMENT_GROUP_PREFIX = "shardline-job-"
+
+
 def placement_group_name(job_id: str) -> str:
-    return f"shardline-job-{job_id}"
+    return f"{PLACEMENT_GROUP_PREFIX}{job_id}"
 
 
 def worker_name(job_id: str, attempt: int, rank: int) -> str:

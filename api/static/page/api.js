@@ -15,13 +15,16 @@ export class Rejected extends Error {}     // 401: the token is wrong or revoked
 export class Unreachable extends Error {}  // no answer, or a proxy in front says the API is down
 export class Refused extends Error {}      // any other 4xx/5xx; message is the API's
 
-export async function api(path, { method = "GET" } = {}) {
+export async function api(path, { method = "GET", json = undefined } = {}) {
   let response;
+  const headers = { Authorization: `Bearer ${token.get()}` };
+  if (json !== undefined) headers["Content-Type"] = "application/json";
   try {
     response = await fetch(path, {
       method,
       cache: "no-store",
-      headers: { Authorization: `Bearer ${token.get()}` },
+      headers,
+      body: json === undefined ? undefined : JSON.stringify(json),
     });
   } catch (err) {
     throw new Unreachable(String(err));

@@ -67,7 +67,8 @@ export class JobPage {
     $("resume").hidden = job.state !== "PAUSED";
     const m = job.latest_metrics ?? {};
     const rows = [
-      ["Job id", job.id], ["Owner", job.owner], ["Step", `${job.step}/${job.steps}`],
+      ["Job id", job.id], ["Owner", job.owner], ["Priority", job.priority],
+      ["Step", `${job.step}/${job.steps}`],
       ["Loss", fmt(m.loss)], ["Tokens/s", fmt(m.tokens_per_s, 0)], ["Restarts", job.restarts],
       ["Failures", `${job.failures} of at most ${job.spec.fault_tolerance?.max_failures ?? "–"}`],
       ["Age", age(job.created_at)], ["Started", when(job.started_at)],

@@ -1,6 +1,7 @@
 // Wires the views to the URL hash, the token and one polling loop.
 
 import { Rejected, Unreachable, token } from "./api.js";
+import { ClusterPage } from "./cluster.js";
 import { JobPage } from "./job.js";
 import { JobList } from "./list.js";
 
@@ -11,7 +12,9 @@ let timer = null;
 let generation = 0;  // a poll that returns after the view changed is dropped
 
 function showOnly(sectionId) {
-  for (const id of ["login", "jobs-view", "job-view"]) $(id).hidden = id !== sectionId;
+  for (const id of ["login", "jobs-view", "job-view", "cluster-view"]) {
+    $(id).hidden = id !== sectionId;
+  }
   $("logout").hidden = sectionId === "login";
 }
 
@@ -26,10 +29,13 @@ function showLogin(rejected) {
 
 function open() {
   if (!token.get()) return showLogin(false);
+  let shown;
   const match = location.hash.match(/^#\/jobs\/([\w.-]+)$/);
-  view = match ? new JobPage(match[1]) : new JobList();
+  if (match) [view, shown] = [new JobPage(match[1]), "job-view"];
+  else if (location.hash === "#/cluster") [view, shown] = [new ClusterPage(), "cluster-view"];
+  else [view, shown] = [new JobList(), "jobs-view"];
   view.onChange = poll;
-  showOnly(match ? "job-view" : "jobs-view");
+  showOnly(shown);
   poll();
 }
 

@@ -1,0 +1,90 @@
+"""The queue as users see it: queued jobs in the order the scheduler considers them, and
+changing a job's priority (which changes that order)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import joinedload
+
+from service.db import Database
+from service.models import Job, JobEvent, utcnow
+from service.principal import Viewer
+from service.scheduler import admission_key
+from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
+from workers.contract.events import EventKind
+from workers.contract.lifecycle import ACTIVE, JobState
+
+log = logging.getLogger(__name__)
+
+
+class PriorityRefused(StoreError):
+    """A user who is not an administrator asked to raise a job's priority (the API: 403)."""
+
+    code = "forbidden"
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    position: int  # 1 = considered first, among every user's queued jobs
+    id: str
+    name: str
+    owner: str
+    priority: int
+    created_at: datetime
+    reason: str | None  # why it still waits, as the scheduler last said
+
+
+def queued_in_order(db: Database, viewer: Viewer) -> list[QueuedJob]:
+    """QUEUED jobs in admission order: every user's for an administrator, the viewer's own
+    for anyone else (with their positions among all, so they see how far back they are)."""
+    with db.session() as s:
+        jobs = list(
+            s.scalars(
+                select(Job).where(Job.state == JobState.QUEUED.value).options(joinedload(Job.owner))
+            )
+        )
+    ordered = sorted(jobs, key=admission_key)
+    return [
+        QueuedJob(i, j.id, j.name, j.owner.name, j.priority, j.created_at, j.queue_reason)
+        for i, j in enumerate(ordered, start=1)
+        if viewer.is_admin or j.owner_id == viewer.id
+    ]
+
+
+def set_priority(store: JobStore, job_id: str, viewer: Viewer, priority: int) -> Job:
+    """Give a job that has not ended a new priority; its next admission uses it. An
+    administrator may set any; an owner may only lower their own (raising it would let
+    anyone jump the queue)."""
+    job = store.get(job_id, viewer)
+    if JobState(job.state) not in ACTIVE:
+        raise IllegalTransition(
+            f"job {job_id} is {job.state}; only a job that has not ended has a priority to change"
+        )
+    if priority == job.priority:
+        return job
+    if priority > job.priority and not viewer.is_admin:
+        raise PriorityRefused(
+            f"only an administrator can raise a job's priority (from {job.priority} to "
+            f"{priority}); you may lower your own"
+        )
+    with store.db.session() as s:
+        # Only from the priority that was checked: a racing change makes this one retry.
+        done = s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.priority == job.priority)
+            .values(priority=priority)
+        )
+        if done.rowcount != 1:  # type: ignore[attr-defined]
+            s.rollback()
+            raise ConcurrentUpdate(f"job {job_id}'s priority changed meanwhile; read it again")
+        message = f"priority {job.priority} -> {priority}, set by {viewer.name}"
+        kind = EventKind.PRIORITY.value
+        data = {"kind": kind, "from": job.priority, "to": priority, "by": viewer.name}
+        s.add(JobEvent(job_id=job_id, kind=kind, message=message, data=data, time=utcnow()))
+        s.commit()
+    log.info("job %s: %s", job_id, message)
+    return store.get(job_id)
