@@ -33,6 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         ("/static/docs/redoc.standalone.js", "javascript"),
         ("/static/page/main.js", "javascript"),
         ("/static/page/app.css", "text/css"),
+        ("/static/page/uplot.iife.min.js", "javascript"),
+        ("/static/page/uplot.min.css", "text/css"),
     ],
 )
 def test_assets_have_their_type_and_are_cached(

@@ -89,8 +89,13 @@ def test_every_page_fits_a_phone(
         no_sideways_scroll(page, "job list")
         page.goto(f"{server.url}/#/jobs/{job['id']}")
         expect(page.locator("#job-state")).to_have_text("QUEUED")
+        expect(page.locator("#loss-chart .no-data")).to_have_text("no data yet")
         no_sideways_scroll(page, "job page")
         page.goto(f"{server.url}/#/cluster")
         expect(page.locator("#queue tbody tr")).to_have_count(1)
         no_sideways_scroll(page, "cluster page")
+        api.cancel(job["id"])  # ended with nothing logged: the chart says so
+        page.goto(f"{server.url}/#/jobs/{job['id']}")
+        expect(page.locator("#job-state")).to_have_text("CANCELLED")
+        expect(page.locator("#loss-chart .no-data")).to_have_text("nothing was logged")
     assert sandboxed_page.outside == []

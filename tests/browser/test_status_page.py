@@ -67,9 +67,16 @@ def points(page: Page) -> int:
 
 
 def shoot(page: Page, folder: Path, name: str) -> None:
+    """Screenshots at desktop and phone width; at phone width nothing may scroll sideways."""
     for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
         page.set_viewport_size(viewport)  # type: ignore[arg-type]
+        # Charts take the new width on the next frames (a ResizeObserver): wait for them.
+        page.evaluate("() => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 50)))")
         page.screenshot(path=str(folder / f"{name}-{label}.png"), full_page=True)
+        wide, screen = page.evaluate(
+            "() => [document.documentElement.scrollWidth, window.innerWidth]"
+        )
+        assert wide <= screen, f"{name}: {wide} px wide in a {screen} px screen"
     page.set_viewport_size(DESKTOP)  # type: ignore[arg-type]
 
 
@@ -110,6 +117,27 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         expect(page.locator("#pause")).to_be_visible()  # RUNNING: pause applies
         expect(page.locator("#resume")).to_be_hidden()
         shoot(page, screenshot_dir, "job-page")
+        hover_and_zoom(page)
+
+        # A fault, a pause and a resume are marked on the curve, each with its step.
+        with admin_client(svc, server.url) as admin:
+            admin.inject_fault(job["id"], "kill", 0)
+        marks = page.locator("#marks")
+        expect(marks).to_contain_text("restart near step", timeout=120_000)
+        expect(marks).to_contain_text("(kill on rank 0)")
+        expect(page.locator("#pause")).to_be_visible(timeout=60_000)
+        page.locator("#pause").click()
+        expect(page.locator("#job-state")).to_have_text("PAUSED", timeout=120_000)
+        expect(marks).to_contain_text("paused at step")
+        page.locator("#resume").click()
+        expect(page.locator("#job-state")).to_have_text("RUNNING", timeout=120_000)
+        paused_at = points(page)
+        page.wait_for_function(
+            f"() => +document.querySelector('#loss-chart').dataset.points > {paused_at}",
+            timeout=60_000,
+        )  # it trains on after the resume
+        assert int(page.locator("#loss-chart").get_attribute("data-markers") or 0) >= 3
+        shoot(page, screenshot_dir, "job-page-marked")
 
         # The cluster page names the node the job's one rank holds, linked to the job.
         page.get_by_role("link", name="Cluster").click()
@@ -123,6 +151,9 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         page.locator("#cancel").click()
         expect(page.locator("#job-state")).to_have_text("CANCELLED", timeout=120_000)
         expect(page.locator("#cancel")).to_be_hidden()
+        # A finished job's charts show its data, never "no data yet".
+        expect(page.locator("#loss-chart .no-data")).to_be_hidden()
+        expect(page.locator("#loss-chart canvas")).to_be_visible()
         assert api.get(job["id"])["state"] == "CANCELLED"
         # A finished job is not polled any more.
         polls: list[str] = []
@@ -130,6 +161,42 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         page.wait_for_timeout(5_000)
         assert polls == []
     assert sandboxed_page.outside == []
+
+
+def admin_client(svc: Service, url: str) -> Client:
+    db = Database(svc.database_url)
+    try:
+        users = UserDirectory(db)
+        token = users.issue_token(users.ensure_user("browser-admin", admin=True), "test").token
+    finally:
+        db.dispose()
+    return Client(url, token)
+
+
+def steps_shown(page: Page) -> tuple[float, float]:
+    low, high = (page.locator("#loss-chart").get_attribute("data-steps") or "0-0").split("-")
+    return float(low), float(high)
+
+
+def hover_and_zoom(page: Page) -> None:
+    """Hovering the loss chart shows the loss at that step; dragging across it zooms in,
+    and a double-click zooms out again."""
+    plot = page.locator("#loss-chart .u-over")
+    box = plot.bounding_box()
+    assert box is not None
+    plot.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+    train = page.locator("#loss-chart .u-legend .u-series").nth(1).locator(".u-value")
+    expect(train).to_have_text(re.compile(r"^\d+(\.\d+)?$"))
+    low, high = steps_shown(page)
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.5)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5, steps=5)
+    page.mouse.up()
+    zoomed_low, zoomed_high = steps_shown(page)
+    assert zoomed_high - zoomed_low < 0.5 * (high - low), (low, high, zoomed_low, zoomed_high)
+    plot.dblclick(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+    out_low, out_high = steps_shown(page)
+    assert out_high - out_low >= high - low, (low, high, out_low, out_high)
 
 
 @pytest.fixture

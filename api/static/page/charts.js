@@ -1,52 +1,158 @@
-// Line charts drawn as SVG by hand: nothing to load, nothing fetched.
+// Charts drawn by uPlot (vendored beside this file, MIT, see uplot.LICENSE; loaded by a
+// plain <script> as window.uPlot): hover shows each series' value at a step, dragging
+// across a chart zooms it (double-click zooms out), and the page's smoothing and log
+// scale controls apply to every chart. Markers (restarts and the steps they rolled back
+// to, pauses, checkpoints) are drawn on the charts that ask for them.
 
-const NS = "http://www.w3.org/2000/svg";
-const W = 600, H = 200, PAD = { left: 48, right: 8, top: 8, bottom: 22 };
+const HEIGHT = 200;
+const MARK_COLORS = { restart: "#c0392b", pause: "#b7791f", checkpoint: "#1f8a4c" };
 
-function svgEl(tag, attrs) {
-  const node = document.createElementNS(NS, tag);
-  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
-  return node;
+// TensorBoard's smoothing: an exponential moving average, debiased at the start, over the
+// points that exist (a gap stays a gap).
+export function smooth(values, weight) {
+  if (!weight) return values;
+  let last = 0;
+  let n = 0;
+  return values.map((v) => {
+    if (v === null || !Number.isFinite(v)) return null;
+    last = last * weight + (1 - weight) * v;
+    n += 1;
+    return last / (1 - weight ** n);
+  });
 }
 
-// series: [{ name, points: [[step, value], ...] }]; the first series sets data-points.
-export function drawChart(svg, series) {
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.replaceChildren();
-  const all = series.flatMap((s) => s.points).filter(([, y]) => Number.isFinite(y));
-  svg.dataset.points = String(series[0]?.points.length ?? 0);
-  if (all.length === 0) {
-    svg.append(svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }));
-    svg.lastChild.textContent = "no data yet";
-    return;
+function drawMarks(u, marks) {
+  const { ctx } = u;
+  const { left, top, width, height } = u.bbox;
+  const at = (step) => Math.round(u.valToPos(step, "x", true));
+  ctx.save();
+  for (const mark of marks) {
+    const x = at(mark.step);
+    if (x < left || x > left + width) continue;
+    ctx.strokeStyle = MARK_COLORS[mark.kind];
+    ctx.fillStyle = MARK_COLORS[mark.kind];
+    if (mark.kind === "restart" && mark.from !== undefined && mark.from < mark.step) {
+      // The steps trained again: from the step restored to the step it failed near.
+      ctx.globalAlpha = 0.12;
+      const from = Math.max(left, at(mark.from));
+      ctx.fillRect(from, top, x - from, height);
+      ctx.globalAlpha = 1;
+    }
+    ctx.lineWidth = mark.kind === "checkpoint" ? 1 : 2 * devicePixelRatio;
+    ctx.setLineDash(mark.kind === "checkpoint" ? [3 * devicePixelRatio, 3 * devicePixelRatio] : []);
+    ctx.beginPath();
+    ctx.moveTo(x, top);
+    ctx.lineTo(x, top + height);
+    ctx.stroke();
   }
-  const xs = all.map(([x]) => x), ys = all.map(([, y]) => y);
-  const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
-  let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
-  if (y0 === y1) { y0 -= 1; y1 += 1; }
-  const sx = (x) => PAD.left + ((x - x0) / (x1 - x0 || 1)) * (W - PAD.left - PAD.right);
-  const sy = (y) => H - PAD.bottom - ((y - y0) / (y1 - y0)) * (H - PAD.top - PAD.bottom);
-  svg.append(
-    svgEl("line", { class: "axis", x1: PAD.left, y1: H - PAD.bottom, x2: W - PAD.right, y2: H - PAD.bottom }),
-    svgEl("line", { class: "axis", x1: PAD.left, y1: PAD.top, x2: PAD.left, y2: H - PAD.bottom }),
-  );
-  const labels = [
-    [PAD.left - 4, PAD.top + 10, "end", y1], [PAD.left - 4, H - PAD.bottom, "end", y0],
-    [PAD.left, H - 6, "start", `step ${x0}`], [W - PAD.right, H - 6, "end", `step ${x1}`],
-  ];
-  for (const [x, y, anchor, text] of labels) {
-    const label = svgEl("text", { x, y, "text-anchor": anchor });
-    label.textContent = typeof text === "number" ? text.toPrecision(4) : text;
-    svg.append(label);
+  ctx.restore();
+}
+
+export class Chart {
+  // series: [{ key, label, color, scale }]; `value(row, key)` reads a row's value.
+  constructor(box, series, { value = (row, key) => row[key], marked = false } = {}) {
+    this.box = box;
+    this.series = series;
+    this.value = value;
+    this.marked = marked;
+    this.plot = null;
+    this.log = false;
+    this.zoomed = false;
+    this.rows = [];
+    this.marks = [];
+    this.smoothing = 0;
+    box.replaceChildren();
+    this.empty = document.createElement("p");
+    this.empty.className = "no-data";
+    box.append(this.empty);
+    box.addEventListener("dblclick", () => { this.zoomed = false; });
+    // Made while its section was hidden, a chart has no width yet: it is drawn once it has.
+    new ResizeObserver(() => this.resize()).observe(box);
   }
-  series.forEach((s, i) => {
-    const pts = s.points.filter(([, y]) => Number.isFinite(y));
-    if (pts.length === 0) return;
-    const line = svgEl("polyline", {
-      class: i === 0 ? "line" : "line val",
-      points: pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" "),
+
+  update(rows, { smoothing = 0, log = false, marks = [], ended = false } = {}) {
+    this.rows = rows;
+    this.marks = this.marked ? marks : [];
+    this.ended = ended;
+    if (log !== this.log) this.destroy();
+    this.log = log;
+    this.smoothing = smoothing;
+    this.draw();
+  }
+
+  data() {
+    const rows = this.rows.filter((r) => this.series.some((s) => finite(this.value(r, s.key))));
+    const xs = rows.map((r) => r.step);
+    const ys = this.series.map((s) => {
+      const raw = rows.map((r) => (finite(this.value(r, s.key)) ? this.value(r, s.key) : null));
+      // A log scale cannot show 0 or less: such points become gaps.
+      const shown = this.log ? raw.map((v) => (v > 0 ? v : null)) : raw;
+      return smooth(shown, this.smoothing);
     });
-    line.dataset.series = s.name;
-    svg.append(line);
-  });
+    return [xs, ...ys];
+  }
+
+  draw() {
+    const data = this.data();
+    const count = data[0].length;
+    this.box.dataset.points = String(count);
+    this.box.dataset.markers = String(this.marks.length);
+    this.empty.hidden = count > 0;
+    this.empty.textContent = this.ended ? "nothing was logged" : "no data yet";
+    if (count === 0 || this.box.clientWidth === 0) return;
+    if (this.plot === null) {
+      this.plot = new window.uPlot(this.options(), data, this.box);
+      return;
+    }
+    // Zoomed in: new points arrive without taking the zoom away.
+    this.plot.setData(data, !this.zoomed);
+  }
+
+  options() {
+    return {
+      width: this.box.clientWidth,
+      height: HEIGHT,
+      cursor: { drag: { x: true, y: false }, points: { size: 6 } },
+      scales: { x: { time: false }, y: { distr: this.log ? 3 : 1 } },
+      axes: [{ label: "step", size: 36 }, { size: 60, values: (u, ticks) => ticks.map(tick) }],
+      series: [
+        { label: "step" },
+        ...this.series.map((s) => ({
+          label: s.label, stroke: s.color, width: 2, spanGaps: true, points: { show: false },
+        })),
+      ],
+      hooks: {
+        draw: [(u) => drawMarks(u, this.marks)],
+        setSelect: [(u) => { if (u.select.width > 0) this.zoomed = true; }],
+        // The steps shown, for whoever reads the page (and its tests) without the canvas.
+        setScale: [(u, key) => {
+          if (key === "x") this.box.dataset.steps = `${u.scales.x.min}-${u.scales.x.max}`;
+        }],
+      },
+    };
+  }
+
+  resize() {
+    const width = this.box.clientWidth;
+    if (width === 0) return;
+    if (this.plot === null) this.draw();
+    else if (width !== this.plot.width) this.plot.setSize({ width, height: HEIGHT });
+  }
+
+  destroy() {
+    this.plot?.destroy();
+    this.plot = null;
+  }
+}
+
+// Axis labels that stay readable from a learning rate of 3e-4 to 50,000 tokens/s.
+function tick(v) {
+  if (v === 0) return "0";
+  const size = Math.abs(v);
+  if (size >= 1e4 || size < 1e-2) return Number(v.toPrecision(3)).toExponential();
+  return String(Number(v.toPrecision(3)));
+}
+
+function finite(v) {
+  return typeof v === "number" && Number.isFinite(v);
 }

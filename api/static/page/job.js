@@ -1,9 +1,13 @@
-// One job: summary, charts, timeline, restarts, checkpoints, log tail and actions.
+// One job: summary, charts with what happened marked, timeline, restarts, checkpoints,
+// log tail and actions.
 
 import { TERMINAL, age, api, el, fmt } from "./api.js";
-import { drawChart } from "./charts.js";
+import { Chart } from "./charts.js";
+import { marksFrom } from "./markers.js";
 
 const LOG_LINES = 200;
+// The memory kinds a logged step reports (workers/contract/memory_model.py KINDS).
+const MEMORY_KINDS = [["params", "#2f5fd0"], ["grads", "#1f8a4c"], ["optim", "#b7791f"]];
 const $ = (id) => document.getElementById(id);
 
 export class JobPage {
@@ -12,6 +16,7 @@ export class JobPage {
     this.lastEventId = 0;
     this.lastStep = 0;
     this.metrics = [];
+    this.events = [];
     this.job = null;
     for (const id of ["timeline", "restarts", "log", "spec", "job-summary", "action-error"]) {
       $(id).replaceChildren();
@@ -23,6 +28,23 @@ export class JobPage {
     $("cancel").onclick = () => this.act("cancel", "Cancel this job?");
     $("pause").onclick = () => this.act("pause");
     $("resume").onclick = () => this.act("resume");
+    $("marks").replaceChildren();
+    const gib = (row, key) => (row.mem_bytes?.[key] ?? NaN) / 2 ** 30;
+    this.charts = [
+      new Chart($("loss-chart"), [
+        { key: "loss", label: "train", color: "#2f5fd0" },
+        { key: "val_loss", label: "validation", color: "#b7791f" },
+      ], { marked: true }),
+      new Chart($("throughput-chart"), [{ key: "tokens_per_s", label: "tokens/s", color: "#2f5fd0" }]),
+      new Chart($("lr-chart"), [{ key: "lr", label: "lr", color: "#2f5fd0" }]),
+      new Chart($("grad-chart"), [{ key: "grad_norm", label: "grad norm", color: "#2f5fd0" }],
+        { marked: true }),
+      new Chart($("mfu-chart"), [{ key: "mfu", label: "MFU", color: "#2f5fd0" }]),
+      new Chart($("memory-chart"), MEMORY_KINDS.map(([key, color]) => ({ key, label: key, color })),
+        { value: gib }),
+    ];
+    $("smoothing").oninput = () => this.drawCharts();
+    $("log-scale").onchange = () => this.drawCharts();
     this.drawCharts();
   }
 
@@ -43,6 +65,7 @@ export class JobPage {
     this.addMetrics(metrics.metrics);
     this.renderCheckpoints(checkpoints.checkpoints);
     this.renderLogs(logs);
+    if (TERMINAL.has(job.state)) this.drawCharts();  // "nothing was logged", if so
     return !TERMINAL.has(job.state);  // a finished job is not polled any more
   }
 
@@ -89,6 +112,11 @@ export class JobPage {
   }
 
   addEvents(events) {
+    this.events.push(...events);
+    if (events.some((e) => ["recovery", "checkpoint_committed"].includes(e.data?.kind)
+      || e.kind === "state")) {
+      this.renderMarks();
+    }
     for (const event of events) {
       this.lastEventId = Math.max(this.lastEventId, event.id);
       const moved = event.kind === "state" && event.data;
@@ -97,7 +125,7 @@ export class JobPage {
       $("timeline").append(el("li", { class: `kind-${event.kind}` }, time, what));
       const recovered = event.data && event.data.kind === "recovery";
       if ((moved && event.data.to === "RESTARTING") || recovered) {
-        $("restarts").append(el("li", {}, time.cloneNode(true), event.message));
+        $("restarts").append(el("li", {}, time.cloneNode(true), " ", event.message));
         $("no-restarts").hidden = true;
       }
     }
@@ -110,20 +138,40 @@ export class JobPage {
     this.drawCharts();
   }
 
+  renderMarks() {
+    this.marks = marksFrom(this.events);
+    const told = this.marks.filter((m) => m.kind !== "checkpoint");
+    const saved = this.marks.filter((m) => m.kind === "checkpoint");
+    const items = told.map((m) => el("li", { class: m.kind, text: m.text }));
+    if (saved.length) {
+      items.push(el("li", { class: "checkpoint", text:
+        `${saved.length} checkpoint${saved.length === 1 ? "" : "s"} (dotted), the newest at ` +
+        `step ${saved.at(-1).step}` }));
+    }
+    $("marks").replaceChildren(...items);
+    this.drawCharts();
+  }
+
   drawCharts() {
-    const series = (key) => this.metrics.filter((r) => r[key] != null).map((r) => [r.step, r[key]]);
-    drawChart($("loss-chart"), [
-      { name: "loss", points: series("loss") }, { name: "val_loss", points: series("val_loss") },
-    ]);
-    drawChart($("throughput-chart"), [{ name: "tokens_per_s", points: series("tokens_per_s") }]);
+    if (!this.charts) return;
+    const ended = Boolean(this.job && TERMINAL.has(this.job.state));
+    const shown = {
+      smoothing: Number($("smoothing").value), log: $("log-scale").checked,
+      marks: this.marks ?? [], ended,
+    };
+    $("mfu-figure").hidden = !this.metrics.some((r) => Number.isFinite(r.mfu));
+    $("memory-figure").hidden = !this.metrics.some((r) => r.mem_bytes);
+    for (const chart of this.charts) chart.update(this.metrics, shown);
   }
 
   renderCheckpoints(checkpoints) {
     $("no-checkpoints").hidden = checkpoints.length > 0;
     $("checkpoints").hidden = checkpoints.length === 0;
     $("checkpoints").tBodies[0].replaceChildren(...checkpoints.map((c) => el("tr", {},
-      el("td", { text: String(c.step) }), el("td", { text: `${(c.bytes / 2 ** 20).toFixed(1)} MiB` }),
-      el("td", { text: c.layout }), el("td", { text: c.created_at.slice(0, 19) }),
+      el("td", { "data-label": "Step", text: String(c.step) }),
+      el("td", { "data-label": "Size", text: `${(c.bytes / 2 ** 20).toFixed(1)} MiB` }),
+      el("td", { "data-label": "Layout", text: c.layout }),
+      el("td", { "data-label": "Time", text: c.created_at.slice(0, 19).replace("T", " ") }),
     )));
   }
 
