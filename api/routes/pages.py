@@ -1,8 +1,9 @@
 """The web status page: one HTML file and its scripts, shipped in the package.
 
 No build step and nothing from elsewhere: the page is plain ES modules, and its charts
-use uPlot, vendored beside them (uplot.iife.min.js, with its licence in uplot.LICENSE). Its Content-Security-Policy allows this host only, so a stray external
-reference fails loudly in the browser instead of leaking a request.
+use uPlot, vendored beside them (uplot.iife.min.js, with its licence in uplot.LICENSE).
+Its Content-Security-Policy allows this host only, so a stray external reference fails
+loudly in the browser instead of leaking a request.
 """
 
 from __future__ import annotations
