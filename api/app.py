@@ -14,7 +14,7 @@ from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.options import install_options
 from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, plan, queue, system
+from api.routes import export, faults, jobs, logs, plan, profiles, queue, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -74,7 +74,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     # answered before the rest of the stack does any work.
     app.add_middleware(FailedAuthGuard, failures=app.state.auth_failures)
     app.include_router(jobs.router)
+    app.include_router(logs.router)
     app.include_router(faults.router)
+    app.include_router(profiles.router)
     app.include_router(export.router)
     app.include_router(system.router)
     app.include_router(queue.router)

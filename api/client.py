@@ -212,10 +212,24 @@ class Client:
     def checkpoints(self, job_id: str) -> builtins.list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{job_id}/checkpoints")["checkpoints"]
 
-    def logs(self, job_id: str, rank: int = 0, tail: int = 200) -> builtins.list[str]:
-        return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "tail": tail})[
-            "lines"
-        ]
+    def logs(
+        self, job_id: str, rank: int = 0, tail: int = 200, contains: str | None = None
+    ) -> builtins.list[str]:
+        """The last `tail` lines of a rank's log; with `contains`, the last that contain it."""
+        params: dict[str, str | int] = {"rank": rank, "tail": tail}
+        if contains is not None:
+            params["contains"] = contains
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)["lines"]
+
+    def download_log(self, job_id: str, dest: str | Path, rank: int = 0) -> Path:
+        """A rank's whole log, as far as it has been written, saved to `dest`."""
+        with (
+            self._stream(f"/v1/jobs/{job_id}/logs/download", {"rank": rank}) as response,
+            Path(dest).open("wb") as out,
+        ):
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+        return Path(dest)
 
     def follow_logs(self, job_id: str, rank: int = 0, tail: int = 200) -> Iterator[str]:
         """The last `tail` lines of a rank's log, then each new line until the job ends."""
@@ -245,6 +259,35 @@ class Client:
                 response.read()
                 self._raise_for(response)
             yield response
+
+    def profile(self, job_id: str, steps: int = 3) -> dict[str, Any]:
+        """Have every rank of a RUNNING job record its next `steps` steps (1-20)."""
+        return self._call("POST", f"/v1/jobs/{job_id}/profile", json={"steps": steps})
+
+    def profile_state(self, job_id: str, profile_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/profiles/{profile_id}")
+
+    def wait_for_profile(
+        self, job_id: str, profile_id: str, timeout: float = 300.0, poll_s: float = 0.5
+    ) -> dict[str, Any]:
+        """Poll until the profile is done or failed; returns its state, or raises
+        WaitTimeout."""
+        deadline = time.monotonic() + timeout
+        while (state := self.profile_state(job_id, profile_id))["state"] == "recording":
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"profile {profile_id} still recording after {timeout}s")
+            time.sleep(poll_s)
+        return state
+
+    def profile_trace(self, job_id: str, profile_id: str, dest: str | Path) -> Path:
+        """Download a done profile's merged Chrome trace to `dest`."""
+        with (
+            self._stream(f"/v1/jobs/{job_id}/profiles/{profile_id}/trace", {}) as response,
+            Path(dest).open("wb") as out,
+        ):
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+        return Path(dest)
 
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.rate_limit import retry_after_header
+from service.profiles import ProfileNotFound
 from service.queue import PriorityRefused
 from service.quotas import QuotaExceeded
 from service.store import (
@@ -34,6 +35,7 @@ _STORE_STATUS: dict[type[StoreError], int] = {
     IllegalTransition: 409,
     ConcurrentUpdate: 409,
     PriorityRefused: 403,
+    ProfileNotFound: 404,
 }
 _HTTP_CODES = {
     400: "bad_request",

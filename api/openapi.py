@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from api.schemas import ErrorBody, FaultCreate, JobPatch
+from api.schemas import ErrorBody, FaultCreate, JobPatch, ProfileCreate
 from workers.contract.spec import JobSpec
 
 _WHY = {
@@ -38,7 +38,7 @@ _RETRY_AFTER = {
 
 # Bodies the routes read from raw bytes (api/bodies.py), so FastAPI does not see them:
 # their schemas are added to components here, and each route names its own.
-BODY_MODELS: tuple[type[BaseModel], ...] = (JobSpec, FaultCreate, JobPatch)
+BODY_MODELS: tuple[type[BaseModel], ...] = (JobSpec, FaultCreate, JobPatch, ProfileCreate)
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

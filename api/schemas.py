@@ -263,6 +263,31 @@ class ClusterPublic(BaseModel):
     queue: list[QueuedPublic] = []
 
 
+class ProfileCreate(BaseModel):
+    """POST /v1/jobs/{id}/profile: how many of the next steps every rank records."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: Annotated[int, Field(ge=1, le=20)] = 3
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        return refuse_coercion({int}, value)
+
+
+class ProfilePublic(BaseModel):
+    id: str
+    job_id: str
+    steps: int
+    world_size: int
+    state: str  # recording, done or failed
+    ranks_done: list[int]
+    requested_at: datetime
+    error: str | None
+    trace: str | None  # where the merged trace is, once done
+
+
 class JobPatch(BaseModel):
     """PATCH /v1/jobs/{id}: what may change on a job that has not ended."""
 

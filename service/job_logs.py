@@ -8,6 +8,7 @@ are is not this module's business: callers pass the path.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +21,8 @@ TAIL_BLOCK_BYTES = 64 * 1024
 TAIL_LIMIT_BYTES = 4 * 1024 * 1024
 READ_LIMIT_BYTES = 1024 * 1024
 LINE_LIMIT_BYTES = 64 * 1024
+# A search reads at most this much of the log's end.
+SEARCH_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def tail_lines(path: Path, count: int) -> list[str]:
@@ -110,6 +113,26 @@ class LogFollower:
             lines.append(self.partial.decode("utf-8", errors="replace"))
             self.partial = b""
         return lines
+
+
+def search_lines(path: Path, text: str, count: int) -> list[str]:
+    """The last `count` lines that contain `text` (case-insensitive), searched in the last
+    SEARCH_LIMIT_BYTES of the log: a search reads forward through the file, and a job that
+    has run for weeks may have written more than a request should read."""
+    if count == 0 or not path.is_file():
+        return []
+    needle = text.casefold()
+    found: deque[str] = deque(maxlen=count)
+    with path.open("rb") as f:
+        start = max(0, f.seek(0, 2) - SEARCH_LIMIT_BYTES)
+        f.seek(start)
+        if start:
+            f.readline()  # cut by the limit: not a whole line
+        for raw in f:
+            line = raw[:LINE_LIMIT_BYTES].decode("utf-8", errors="replace").rstrip("\r\n")
+            if needle in line.casefold():
+                found.append(line)
+    return list(found)
 
 
 def _decode(data: bytes) -> list[str]:

@@ -109,16 +109,23 @@ class RaySupervisors:
             handle.pause.remote()
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        self._deliver(job_id, "the fault", "inject_fault", kind, rank)
+
+    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
+        self._deliver(job_id, "the profile", "profile", profile_id, steps)
+
+    def _deliver(self, job_id: str, what: str, method: str, *args: Any) -> None:
+        """Call a RUNNING job's supervisor and wait: FaultNotDelivered if it did not take it."""
         handle = self._handle(job_id)
         if handle is None:
             raise FaultNotDelivered(f"job {job_id} has no supervisor running")
         try:
-            ray.get(handle.inject_fault.remote(kind, rank), timeout=CALL_TIMEOUT_S * 4)
+            ray.get(getattr(handle, method).remote(*args), timeout=CALL_TIMEOUT_S * 4)
         except ray.exceptions.RayTaskError as err:  # refused there (not RUNNING, ...)
             raise FaultNotDelivered(str(err.cause if err.cause else err)) from None
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
             raise FaultNotDelivered(
-                f"job {job_id}'s supervisor did not take the fault ({type(err).__name__})"
+                f"job {job_id}'s supervisor did not take {what} ({type(err).__name__})"
             ) from None
 
     def remove(self, job_id: str) -> None:
@@ -200,6 +207,9 @@ class RayRuntime:
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         self.supervisors.inject_fault(job_id, kind, rank)
+
+    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
+        self.supervisors.profile(job_id, profile_id, steps)
 
     def queue_changed(self) -> None:
         self.scheduler.wake()

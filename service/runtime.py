@@ -21,7 +21,8 @@ class ClusterInfo:
 
 
 class FaultNotDelivered(RuntimeError):
-    """A chaos-test fault could not reach the job (not running there); the API says 409."""
+    """A chaos-test fault or a profile could not reach the job (not running there); the
+    API says 409."""
 
 
 class Runtime(Protocol):
@@ -37,6 +38,11 @@ class Runtime(Protocol):
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         """Have one rank of a running job fail as `kind` says (workers/runtime/faults.py)."""
+        ...
+
+    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
+        """Have every rank of a running job record its next `steps` steps with
+        torch.profiler into the job's profiles/<profile_id> (FaultNotDelivered if not)."""
         ...
 
     def queue_changed(self) -> None:
@@ -66,6 +72,9 @@ class NoRuntime:
         return None
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
+        raise FaultNotDelivered("no runtime is attached to this server: no job runs")
+
+    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
         raise FaultNotDelivered("no runtime is attached to this server: no job runs")
 
     def queue_changed(self) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.cli import demo, hf, jobs, login, migrate, pausing, plan, serve, train, watching
+from api.cli import demo, hf, jobs, login, migrate, pausing, plan, profiling, serve, train, watching
 from api.cli.tokens import tokens_app
 
 app = typer.Typer(
@@ -36,6 +36,7 @@ app.command()(pausing.resume)
 # A negative priority is a value, not an unknown option.
 app.command(context_settings={"ignore_unknown_options": True})(pausing.priority)
 app.command()(pausing.checkpoints)
+app.command()(profiling.profile)
 app.command()(hf.export)
 app.command()(hf.generate)
 app.add_typer(tokens_app, name="token")

@@ -15,6 +15,7 @@ from api.cli.common import (
     api_errors,
     client,
     console,
+    fail,
     read_spec,
 )
 from api.cli.watching import end_with, follow_job
@@ -101,12 +102,25 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,
+    grep: Annotated[
+        str | None, typer.Option("--grep", help="Only lines that contain this (any case).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Save the rank's whole log here.")
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Print the end of one rank's log; with --follow, stream it until the job ends."""
+    """Print the end of one rank's log (--grep: the last lines that contain a text); with
+    --follow, stream it until the job ends; with --out, save the whole log."""
+    if follow and grep is not None:
+        raise fail(["--grep searches what is written; it does not apply to --follow"])
     with api_errors(), client(url, token) as c:
-        lines = c.follow_logs(job_id, rank, tail) if follow else c.logs(job_id, rank, tail)
+        if out is not None:
+            c.download_log(job_id, out, rank)
+            typer.echo(str(out))
+            return
+        lines = c.follow_logs(job_id, rank, tail) if follow else c.logs(job_id, rank, tail, grep)
         for line in lines:
             typer.echo(line)
 

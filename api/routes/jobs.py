@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, list, read, cancel, and what a job produced."""
+"""/v1/jobs: submit, list, read, cancel, and what a job produced (logs: routes/logs.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from api.deps import CallerDep, CurrentUser, RuntimeDep, SettingsDep, StoreDep, 
 from api.errors import ApiError
 from api.init_from import resolve_spec_init_from
 from api.json_body import json_body
-from api.log_stream import follow_response
 from api.openapi import error_responses, request_body
 from api.schemas import (
     CheckpointPublic,
@@ -26,11 +25,9 @@ from api.schemas import (
     EventsPublic,
     JobPublic,
     JobsPublic,
-    LogsPublic,
     MetricsPublic,
 )
 from service.config import Settings
-from service.job_logs import tail_lines
 from service.layout_planning import NoLayout, choose_layout
 from service.models import Checkpoint, Job, JobEvent
 from service.principal import Principal, Viewer
@@ -306,48 +303,4 @@ async def job_checkpoints(
     checkpoints = await read_as(request, caller, read)
     return json_response(
         CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in checkpoints])
-    )
-
-
-@router.get(
-    "/{job_id}/logs",
-    response_model=LogsPublic,
-    responses={200: {"content": {"text/plain": {}}, "description": "follow=true: a stream"}},
-)
-def job_logs(
-    job_id: str,
-    user: CurrentUser,
-    store: StoreDep,
-    settings: SettingsDep,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    tail: Annotated[int, Query(ge=0, le=10000)] = 200,
-    follow: bool = False,
-) -> Any:
-    """The last `tail` lines of one rank's log (empty until the job has run).
-
-    With `follow=true`, a chunked text/plain stream of those lines and every line after
-    them, which ends when the job has ended.
-    """
-    job = store.get(job_id, user)
-    layout = settings.job_layout(job.id)
-    _check_rank(rank, job.spec, layout.log_ranks())
-    path = layout.log_file(rank)
-    if follow:
-        return follow_response(store, user, job.id, path, tail)
-    return LogsPublic(rank=rank, lines=tail_lines(path, tail), ranks=layout.log_ranks())
-
-
-def _check_rank(rank: int, spec: dict[str, Any], logged: list[int]) -> None:
-    """A rank the job has (or had: an elastic job's logs outlive its shrinking); an
-    empty answer for a rank that never existed would look like a silent rank."""
-    par = spec.get("parallel", {})
-    world = int(par.get("dp", 1)) * int(par.get("tp", 1)) * int(par.get("pp", 1))
-    if rank < world or rank in logged:
-        return
-    raise ApiError(
-        422,
-        "validation_error",
-        f"rank: the job has {world} rank{'s' if world > 1 else ''} "
-        f"(0{f'-{world - 1}' if world > 1 else ''}); ask for one of those",
-        [{"field": "rank", "message": f"not one of the job's {world} ranks"}],
     )

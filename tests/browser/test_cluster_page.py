@@ -87,10 +87,26 @@ def test_every_page_fits_a_phone(
         sign_in(page, server.url, admin)
         expect(page.locator("#jobs tbody tr")).to_have_count(1)
         no_sideways_scroll(page, "job list")
+        # A log with a line far wider than the screen: it wraps, never cut off.
+        log = settings.job_layout(job["id"]).log_file(0)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("step 1 loss 5.0\nWARNING " + "x" * 3000 + "\nstep 2 loss 4.0\n")
         page.goto(f"{server.url}/#/jobs/{job['id']}")
         expect(page.locator("#job-state")).to_have_text("QUEUED")
         expect(page.locator("#loss-chart .no-data")).to_have_text("no data yet")
+        expect(page.locator("#log")).to_contain_text("x" * 3000)
         no_sideways_scroll(page, "job page")
+        inside = page.evaluate(
+            "() => { const log = document.getElementById('log');"
+            " return [log.scrollWidth, log.clientWidth]; }"
+        )
+        assert inside[0] <= inside[1], f"the log scrolls sideways: {inside}"
+        page.get_by_label("Search").fill("loss")
+        page.get_by_label("Search").press("Enter")
+        expect(page.locator("#log")).to_have_text("step 1 loss 5.0\nstep 2 loss 4.0")
+        with page.expect_download() as got:
+            page.get_by_role("link", name="Download the whole log").click()
+        assert Path(got.value.path()).read_text() == log.read_text()
         page.goto(f"{server.url}/#/cluster")
         expect(page.locator("#queue tbody tr")).to_have_count(1)
         no_sideways_scroll(page, "cluster page")

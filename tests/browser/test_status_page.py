@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -118,6 +119,19 @@ def test_running_job_updates_live_and_cancels_from_its_page(
         expect(page.locator("#resume")).to_be_hidden()
         shoot(page, screenshot_dir, "job-page")
         hover_and_zoom(page)
+
+        # A profile of the next 2 steps, taken from the page, downloads as a Chrome trace.
+        page.get_by_label("Profile the next").fill("2")
+        page.get_by_role("button", name="Profile", exact=True).click()
+        link = page.get_by_role("link", name="Download the trace")
+        expect(link).to_be_visible(timeout=60_000)
+        with page.expect_download() as got:
+            link.click()
+        trace = json.loads(Path(got.value.path()).read_text())
+        ranks = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+        assert ranks == {"rank 0"}
+        steps = {e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep")}
+        assert len(steps) == 2, steps
 
         # A fault, a pause and a resume are marked on the curve, each with its step.
         with admin_client(svc, server.url) as admin:

@@ -96,6 +96,9 @@ class ScriptedWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         raise NotImplementedError
 
+    def profile(self, profile_id: str, steps: int) -> None:
+        raise NotImplementedError
+
 
 class InProcessSupervisors:
     """The reconciler's view of supervisors, holding real JobSupervisors in this process.

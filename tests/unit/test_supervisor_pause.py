@@ -79,6 +79,9 @@ class PausableWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         self.calls.append(f"fault {kind} {rank}")
 
+    def profile(self, profile_id: str, steps: int) -> None:
+        self.calls.append(f"profile {profile_id} {steps}")
+
 
 def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)

@@ -73,6 +73,9 @@ class ScriptedWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         self.calls.append(f"fault {kind} {rank}")
 
+    def profile(self, profile_id: str, steps: int) -> None:
+        self.calls.append(f"profile {profile_id} {steps}")
+
 
 def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}, "fault_tolerance": ft})
@@ -230,6 +233,22 @@ def test_a_fault_goes_to_the_rank_of_a_running_job_and_is_named_in_the_recovery(
     sup.cancel()
     with pytest.raises(FaultRefused):
         sup.inject_fault("kill", 0)
+
+
+def test_a_profile_goes_to_every_rank_of_a_running_job_only(tmp_path: Path) -> None:
+    workers = ScriptedWorkers([[training()]])
+    sup = make(tmp_path, workers)
+    with pytest.raises(FaultRefused, match="STARTING"):
+        sup.profile("p1", 3)
+    sup._enter(sup.step())  # launch: RUNNING
+    sup.profile("p1", 3)
+    assert workers.calls[-1] == "profile p1 3"
+    said = events(sup)[-1]
+    assert said.message == "profile p1: recording the next 3 steps of every rank"
+    assert said.data["profile"] == "p1" and said.data["steps"] == 3
+    sup.pause()
+    with pytest.raises(FaultRefused):
+        sup.profile("p2", 3)
 
 
 def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ class EventKind(StrEnum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, save_s, blocking_s
     SAVE_FAILED = "save_failed"  # an async save failed (training goes on): step
     # The supervisor:
-    PLACEMENT = "placement"  # the placement group is ready: nodes
+    PLACEMENT = "placement"  # the placement group is ready: nodes, ranks (each one's node)
     WAITING = "waiting"  # the job waits for capacity: world_size
     WORKERS_STARTED = "workers_started"  # world_size, warm_spares
     FAILURE = "failure"  # a real failure, counted against max_failures: retry, failures
@@ -32,6 +32,7 @@ class EventKind(StrEnum):
     ELASTIC = "elastic"  # a re-plan or grow-back: dp_from, dp_to (a re-plan: from, to, train)
     NODE = "node"  # a failing node left out of the next placement (or kept): node
     FAULT_INJECTED = "fault_injected"  # fault, rank
+    PROFILE = "profile"  # a profile on demand began: profile, steps
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from workers.contract.status import (
 )
 from workers.runtime import priority
 from workers.runtime.faults import ArmedFaults
+from workers.runtime.profiling import StepProfiler
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ class TrainingWorker:
         self._summary: dict[str, Any] | None = None
         self._nonfinite: NonFiniteStep | None = None
         self._faults = ArmedFaults()
+        self._profiler = StepProfiler(rank)
+        self._profiles_dir = layout.profiles_dir
         self._trainer: Any = None
         self._thread: threading.Thread | None = None
         import torch
@@ -174,8 +177,10 @@ class TrainingWorker:
                 self._step = trainer.step
                 self._phase = WorkerPhase.STOPPED if self._stop.is_set() else WorkerPhase.DONE
             log.info("rank %d finished: %s", self.rank, summary)
+            self._profiler.abandon()  # stopped before a profile's last step: it is not kept
             leave_world()
         except BaseException as err:  # reported through poll(), never lost in a thread
+            self._profiler.abandon()
             abandon_world()
             with self._lock:
                 self._error = f"{type(err).__name__}: {err}"
@@ -201,6 +206,7 @@ class TrainingWorker:
     def _on_step(self, step: int) -> None:
         if self._trainer is not None:  # a hang fault stops here: the step never counts
             self._faults.before_step_done(self._trainer.parts.parameters)
+        self._profiler.after_step(step)
         with self._lock:
             self._step = step
             self._last_progress = time.time()
@@ -239,6 +245,10 @@ class TrainingWorker:
     def inject_fault(self, kind: str) -> None:
         """Chaos testing (admins, through the supervisor): see workers/runtime/faults.py."""
         self._faults.inject(FaultKind(kind))
+
+    def profile(self, profile_id: str, steps: int) -> None:
+        """Record the next `steps` steps with torch.profiler (workers/runtime/profiling.py)."""
+        self._profiler.arm(self._profiles_dir / profile_id, steps)
 
     def stop(self, save: bool = False) -> None:
         """Finish the current step, then stop (after a checkpoint if `save`)."""

@@ -233,6 +233,12 @@ class WorkerGroup:
             raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
         ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
 
+    def profile(self, profile_id: str, steps: int) -> None:
+        """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
+        if not self.actors:
+            raise ValueError("the job's workers are being replaced; ask once RUNNING again")
+        ray.get([a.profile.remote(profile_id, steps) for a in self.actors], timeout=30)
+
     def request_stop(self, save: bool = False) -> None:
         for a in self.actors:
             a.stop.remote(save)

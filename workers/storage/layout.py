@@ -84,6 +84,11 @@ class JobLayout:
         return self.dir / "exports"
 
     @property
+    def profiles_dir(self) -> Path:
+        """Profiles taken on demand: one folder each, a Chrome trace per rank."""
+        return self.dir / "profiles"
+
+    @property
     def snapshot_dir(self) -> Path:
         """This job's in-memory snapshots on the node that asks."""
         root = Path(self.snapshot_root) if self.snapshot_root else default_snapshot_root()

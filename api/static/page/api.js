@@ -63,3 +63,24 @@ export function age(iso, now = Date.now()) {
   if (seconds < 86400) return `${Math.floor(seconds / 3600)}h`;
   return `${Math.floor(seconds / 86400)}d`;
 }
+
+// Saves what `path` answers as a file: fetched with the token (a plain link would carry
+// none), then handed to the browser as a download. Returns an error message, or null.
+export async function download(path, filename) {
+  let response;
+  try {
+    response = await fetch(path, { headers: { Authorization: `Bearer ${token.get()}` } });
+  } catch (err) {
+    return `cannot reach the server (${err})`;
+  }
+  if (!response.ok) {
+    const body = await response.json().catch(() => null);
+    return body?.error?.message ?? `HTTP ${response.status}`;
+  }
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(await response.blob());
+  link.download = filename;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+  return null;
+}

@@ -114,7 +114,10 @@ export class Chart {
       height: HEIGHT,
       cursor: { drag: { x: true, y: false }, points: { size: 6 } },
       scales: { x: { time: false }, y: { distr: this.log ? 3 : 1 } },
-      axes: [{ label: "step", size: 36 }, { size: 60, values: (u, ticks) => ticks.map(tick) }],
+      axes: [
+        { label: "step", size: 36 },
+        { size: 60, values: (u, splits, axis, space, incr) => splits.map((v) => tick(v, incr)) },
+      ],
       series: [
         { label: "step" },
         ...this.series.map((s) => ({
@@ -145,12 +148,16 @@ export class Chart {
   }
 }
 
-// Axis labels that stay readable from a learning rate of 3e-4 to 50,000 tokens/s.
-function tick(v) {
+// Axis labels with as many digits as the ticks' spacing needs, readable from a learning
+// rate of 3e-4 to 50,000 tokens/s.
+function tick(v, incr) {
   if (v === 0) return "0";
   const size = Math.abs(v);
-  if (size >= 1e4 || size < 1e-2) return Number(v.toPrecision(3)).toExponential();
-  return String(Number(v.toPrecision(3)));
+  if (size >= 1e5 || size < 1e-3) {
+    const digits = Math.ceil(Math.log10(size / (incr || size)));
+    return v.toExponential(Math.min(Math.max(digits, 0), 4));
+  }
+  return v.toFixed(Math.min(Math.max(-Math.floor(Math.log10(incr || 1)), 0), 6));
 }
 
 function finite(v) {

@@ -1,9 +1,11 @@
 // One job: summary, charts with what happened marked, timeline, restarts, checkpoints,
 // log tail and actions.
 
-import { TERMINAL, age, api, el, fmt } from "./api.js";
+import { TERMINAL, age, api, download, el, fmt } from "./api.js";
 import { Chart } from "./charts.js";
 import { marksFrom } from "./markers.js";
+import { ProfileControl } from "./profile.js";
+import { renderRanks } from "./ranks.js";
 
 const LOG_LINES = 200;
 // The memory kinds a logged step reports (workers/contract/memory_model.py KINDS).
@@ -17,6 +19,7 @@ export class JobPage {
     this.lastStep = 0;
     this.metrics = [];
     this.events = [];
+    this.rankNodes = null;  // each rank's node, from the newest placement event
     this.job = null;
     for (const id of ["timeline", "restarts", "log", "spec", "job-summary", "action-error"]) {
       $(id).replaceChildren();
@@ -25,10 +28,24 @@ export class JobPage {
     $("no-restarts").hidden = false;
     $("rank").replaceChildren(el("option", { value: "0", text: "0" }));
     $("rank").onchange = () => this.onChange?.();
+    $("log-search").value = "";
+    $("log-search").onchange = () => this.onChange?.();
+    $("log-error").textContent = "";
+    $("log-download").onclick = async (event) => {
+      event.preventDefault();
+      const rank = $("rank").value || "0";
+      const failed = await download(
+        `/v1/jobs/${encodeURIComponent(jobId)}/logs/download?rank=${rank}`,
+        `${jobId}-rank-${rank}.log`,
+      );
+      $("log-error").textContent = failed ? `Could not download the log: ${failed}` : "";
+    };
     $("cancel").onclick = () => this.act("cancel", "Cancel this job?");
     $("pause").onclick = () => this.act("pause");
     $("resume").onclick = () => this.act("resume");
     $("marks").replaceChildren();
+    $("ranks-section").hidden = true;
+    this.profiling = new ProfileControl(jobId);
     const gib = (row, key) => (row.mem_bytes?.[key] ?? NaN) / 2 ** 30;
     this.charts = [
       new Chart($("loss-chart"), [
@@ -53,11 +70,13 @@ export class JobPage {
     // The job first: if it has ended, what is read after it is complete.
     const job = await api(base);
     const rank = $("rank").value || "0";
+    const logQuery = new URLSearchParams({ rank, tail: String(LOG_LINES) });
+    if ($("log-search").value.trim()) logQuery.set("contains", $("log-search").value.trim());
     const [events, metrics, checkpoints, logs] = await Promise.all([
       api(`${base}/events?after=${this.lastEventId}&limit=1000`),
       api(`${base}/metrics?since_step=${this.lastStep}&limit=10000`),
       api(`${base}/checkpoints`),
-      api(`${base}/logs?rank=${rank}&tail=${LOG_LINES}`),
+      api(`${base}/logs?${logQuery}`),
     ]);
     this.job = job;
     this.renderJob(job);
@@ -88,6 +107,7 @@ export class JobPage {
     $("cancel").hidden = TERMINAL.has(job.state) || job.state === "CANCELLING";
     $("pause").hidden = job.state !== "RUNNING";
     $("resume").hidden = job.state !== "PAUSED";
+    this.profiling.show(job);
     const m = job.latest_metrics ?? {};
     const rows = [
       ["Job id", job.id], ["Owner", job.owner], ["Priority", job.priority],
@@ -113,6 +133,9 @@ export class JobPage {
 
   addEvents(events) {
     this.events.push(...events);
+    for (const event of events) {
+      if (event.data?.kind === "placement" && event.data.ranks) this.rankNodes = event.data.ranks;
+    }
     if (events.some((e) => ["recovery", "checkpoint_committed"].includes(e.data?.kind)
       || e.kind === "state")) {
       this.renderMarks();
@@ -136,6 +159,7 @@ export class JobPage {
     this.metrics.push(...rows);
     this.lastStep = rows.at(-1).step;
     this.drawCharts();
+    if (this.job) renderRanks(this.job, this.metrics, this.rankNodes);
   }
 
   renderMarks() {

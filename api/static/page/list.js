@@ -7,7 +7,8 @@ export const STATES = [
   "QUEUED", "STARTING", "RUNNING", "RESTARTING", "PAUSING", "PAUSED",
   "CANCELLING", "SUCCEEDED", "FAILED", "CANCELLED",
 ];
-const COLUMNS = ["Name", "Owner", "State", "Progress", "Step", "Loss", "Tokens/s", "Restarts", "Age"];
+const COLUMNS = ["Select", "Name", "Owner", "State", "Progress", "Step", "Loss", "Tokens/s",
+  "Restarts", "Age"];
 
 export class JobList {
   constructor() {
@@ -15,6 +16,10 @@ export class JobList {
     this.filter = document.getElementById("state-filter");
     this.cursors = [null];  // cursors[i] opens page i; the last one is the page shown
     this.nextCursor = null;
+    this.selected = new Set();  // job ids ticked for comparison, across pages and polls
+    const compare = document.getElementById("compare");
+    compare.onclick = () => { location.hash = `#/compare/${[...this.selected].join(",")}`; };
+    this.showSelected();
     if (this.filter.options.length === 1) {
       for (const state of STATES) this.filter.append(el("option", { value: state, text: state }));
     }
@@ -63,33 +68,47 @@ export class JobList {
 
   newRow(job) {
     const row = el("tr", { "data-job-id": job.id });
-    const classes = ["name", "owner", "state-cell", "progress-cell", "step num", "loss num", "tps num",
-      "restarts num", "age"];
+    const classes = ["select", "name", "owner", "state-cell", "progress-cell", "step num",
+      "loss num", "tps num", "restarts num", "age"];
     classes.forEach((cls, i) => row.append(el("td", { class: cls, "data-label": COLUMNS[i] })));
-    row.cells[0].append(el("a", { href: `#/jobs/${job.id}` }));
-    row.cells[2].append(el("span", { class: "state" }));
+    const tick = el("input", { type: "checkbox", "aria-label": `Select ${job.name}` });
+    tick.checked = this.selected.has(job.id);
+    tick.onchange = () => {
+      if (tick.checked) this.selected.add(job.id);
+      else this.selected.delete(job.id);
+      this.showSelected();
+    };
+    row.cells[0].append(tick);
+    row.cells[1].append(el("a", { href: `#/jobs/${job.id}` }));
+    row.cells[3].append(el("span", { class: "state" }));
     const bar = el("div", { class: "progress", role: "progressbar", "aria-valuemin": "0" });
     bar.append(el("span"));
-    row.cells[3].append(bar);
+    row.cells[4].append(bar);
     return row;
+  }
+
+  showSelected() {
+    const compare = document.getElementById("compare");
+    compare.disabled = this.selected.size < 2;
+    compare.textContent = `Compare selected (${this.selected.size})`;
   }
 
   fill(row, job) {
     const metrics = job.latest_metrics ?? {};
-    row.cells[0].firstChild.textContent = job.name;
-    row.cells[1].textContent = job.owner;
-    const badge = row.cells[2].firstChild;
+    row.cells[1].firstChild.textContent = job.name;
+    row.cells[2].textContent = job.owner;
+    const badge = row.cells[3].firstChild;
     badge.textContent = job.state;
     badge.className = `state ${job.state}`;
-    const bar = row.cells[3].firstChild;
+    const bar = row.cells[4].firstChild;
     bar.setAttribute("aria-valuemax", String(job.steps));
     bar.setAttribute("aria-valuenow", String(job.step));
     bar.firstChild.style.width = `${job.steps ? (100 * job.step) / job.steps : 0}%`;
-    row.cells[4].textContent = `${job.step}/${job.steps}`;
-    row.cells[5].textContent = fmt(metrics.loss);
-    row.cells[6].textContent = fmt(metrics.tokens_per_s, 0);
-    row.cells[7].textContent = String(job.restarts);
-    row.cells[8].textContent = age(job.created_at);
-    row.cells[8].title = job.created_at;
+    row.cells[5].textContent = `${job.step}/${job.steps}`;
+    row.cells[6].textContent = fmt(metrics.loss);
+    row.cells[7].textContent = fmt(metrics.tokens_per_s, 0);
+    row.cells[8].textContent = String(job.restarts);
+    row.cells[9].textContent = age(job.created_at);
+    row.cells[9].title = job.created_at;
   }
 }

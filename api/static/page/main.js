@@ -2,6 +2,7 @@
 
 import { Rejected, Unreachable, token } from "./api.js";
 import { ClusterPage } from "./cluster.js";
+import { ComparePage } from "./compare.js";
 import { JobPage } from "./job.js";
 import { JobList } from "./list.js";
 
@@ -12,7 +13,7 @@ let timer = null;
 let generation = 0;  // a poll that returns after the view changed is dropped
 
 function showOnly(sectionId) {
-  for (const id of ["login", "jobs-view", "job-view", "cluster-view"]) {
+  for (const id of ["login", "jobs-view", "job-view", "cluster-view", "compare-view"]) {
     $(id).hidden = id !== sectionId;
   }
   $("logout").hidden = sectionId === "login";
@@ -33,6 +34,10 @@ function open() {
   const match = location.hash.match(/^#\/jobs\/([\w.-]+)$/);
   if (match) [view, shown] = [new JobPage(match[1]), "job-view"];
   else if (location.hash === "#/cluster") [view, shown] = [new ClusterPage(), "cluster-view"];
+  else if (location.hash.startsWith("#/compare/")) {
+    const ids = location.hash.slice("#/compare/".length).split(",").filter((id) => /^[\w.-]+$/.test(id));
+    [view, shown] = [new ComparePage(ids), "compare-view"];
+  }
   else [view, shown] = [new JobList(), "jobs-view"];
   view.onChange = poll;
   showOnly(shown);

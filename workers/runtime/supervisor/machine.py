@@ -1,10 +1,9 @@
 """The supervisor of one job: a state machine that runs, watches and restarts its workers.
 
-A plain class; workers/runtime/actors.py makes it a detached, named Ray actor. Its loop runs
-in a thread, so `read()`, `cancel()` and `pause()` answer at once. Each step returns the
-next state with its reason (`Next`); every state it enters is a legal edge of the one
-lifecycle and goes into the relay's sequence-numbered buffer, which the reconciler reads
-with "everything after n". The loop ends when the job ends or is PAUSED.
+A plain class (workers/runtime/actors.py makes it a named Ray actor) whose loop runs in a
+thread, so its other methods answer at once. Each step returns the next state with its
+reason (`Next`); each state it enters is a legal edge, put in the relay's numbered buffer
+that the reconciler reads ("everything after n"). It ends when the job ends or is PAUSED.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
 from workers.runtime.supervisor.workers import (
+    FaultRefused,
     StartCancelled,
     Workers,
     WorkersFactory,
@@ -47,10 +47,6 @@ STOP_GRACE_S = 5.0
 PAUSE_GRACE_S = 600.0
 # Where the loop stops: the job ended, or let go of everything (a resume starts anew).
 STOPPED = TERMINAL | {JobState.PAUSED}
-
-
-class FaultRefused(RuntimeError):
-    """A fault cannot be injected now (the job is not running); the API answers 409."""
 
 
 class JobSupervisor:
@@ -130,11 +126,20 @@ class JobSupervisor:
     def inject_fault(self, kind: str, rank: int) -> None:
         """Chaos testing: have rank `rank` fail as `kind` says (workers/runtime/faults.py)."""
         fault = FaultKind(kind)
-        if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
-            raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
-        self.workers.inject_fault(rank, fault.value)
+        self._running().inject_fault(rank, fault.value)
         message = f"fault injected: {self.recoveries.inject(fault.value, rank)}"
         self.relay.event(Event(EventKind.FAULT_INJECTED, message, {"fault": kind, "rank": rank}))
+
+    def profile(self, profile_id: str, steps: int) -> None:
+        """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
+        self._running().profile(profile_id, steps)
+        said = f"profile {profile_id}: recording the next {steps} steps of every rank"
+        self.relay.event(Event(EventKind.PROFILE, said, {"profile": profile_id, "steps": steps}))
+
+    def _running(self) -> Workers:  # to ask something of a RUNNING job's workers
+        if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
+            raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
+        return self.workers
 
     # -- the state machine -------------------------------------------------------------
 
@@ -168,15 +173,10 @@ class JobSupervisor:
         return self._watch()
 
     def _enter(self, nxt: Next) -> None:
+        edge = f"{self.state.value} -> {nxt.state.value}"
         if not is_legal(self.state, nxt.state):  # a bug: say so loudly, never hide it
-            log.error(
-                "job %s: %s -> %s is no legal edge (%s)",
-                self.job_id,
-                self.state.value,
-                nxt.state.value,
-                nxt.reason,
-            )
-        log.info("job %s: %s -> %s", self.job_id, self.state.value, nxt.state.value)
+            log.error("job %s: %s is no legal edge (%s)", self.job_id, edge, nxt.reason)
+        log.info("job %s: %s", self.job_id, edge)
         # The entry first: a reader that sees the new state has its entry too.
         self.relay.state(nxt.state, nxt.reason)
         self.state = nxt.state
@@ -208,7 +208,7 @@ class JobSupervisor:
         self.recoveries.nodes, self.running = placed
         ranks, nodes = len(placed[0]), sorted(set(placed[0]))
         message = f"placement group ready: {ranks} ranks on {len(nodes)} node(s)"
-        self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes}))
+        self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": placed[0]}))
         try:
             self.workers.start(JOIN_TIMEOUT_S, cancelled=self._cancel.is_set)
         except StartCancelled:

@@ -12,6 +12,10 @@ from workers.storage.checkpoints import RestoreSource
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 
+class FaultRefused(RuntimeError):
+    """A fault or a profile cannot be taken now (the job is not running): the API's 409."""
+
+
 class StartCancelled(Exception):
     """A cancel came while the workers were starting: they are left to release()."""
 
@@ -26,6 +30,7 @@ class Workers(Protocol):
     def kill_workers(self) -> None: ...
     def release(self) -> None: ...
     def inject_fault(self, rank: int, kind: str) -> None: ...
+    def profile(self, profile_id: str, steps: int) -> None: ...
 
     # Whether the last start() ran on warm spares (said in the "workers started" event).
     @property

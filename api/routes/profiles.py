@@ -1,0 +1,129 @@
+"""Profiles on demand: POST /v1/jobs/{id}/profile has every rank of a RUNNING job record
+its next N steps with torch.profiler; GET .../profiles/{p} says how far it is, and
+GET .../profiles/{p}/trace returns every rank's trace merged into one Chrome trace (open it
+in Perfetto or chrome://tracing). The job's owner or an administrator; one at a time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from api.bodies import parse_body
+from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
+from api.errors import ApiError
+from api.json_body import json_body
+from api.openapi import error_responses, request_body
+from api.schemas import ProfileCreate, ProfilePublic
+from service.config import Settings
+from service.principal import Viewer
+from service.profiles import Profiles, ProfileState
+from service.runtime import FaultNotDelivered
+from service.store import JobStore
+from workers.contract.lifecycle import JobState
+from workers.contract.spec import JobSpec
+
+router = APIRouter(
+    prefix="/v1/jobs", tags=["profiles"], responses=error_responses(401, 404, 429, 503)
+)
+
+
+def _public(job_id: str, p: ProfileState) -> ProfilePublic:
+    return ProfilePublic(
+        id=p.id,
+        job_id=job_id,
+        steps=p.steps,
+        world_size=p.world_size,
+        state=p.state,
+        ranks_done=p.ranks_done,
+        requested_at=datetime.fromtimestamp(p.requested_at, UTC),
+        error=p.error,
+        trace=f"/v1/jobs/{job_id}/profiles/{p.id}/trace" if p.state == "done" else None,
+    )
+
+
+def _profiles(
+    job_id: str, user: Viewer, store: JobStore, settings: Settings
+) -> tuple[Profiles, bool, int]:
+    """The job's profiles (404 for a job the user may not see), whether it runs, its ranks."""
+    job = store.get(job_id, user)
+    world = JobSpec.model_validate(job.spec).parallel.world_size
+    return Profiles(settings.job_layout(job.id).profiles_dir), job.state == JobState.RUNNING, world
+
+
+@router.post(
+    "/{job_id}/profile",
+    status_code=202,
+    response_model=ProfilePublic,
+    openapi_extra=request_body(ProfileCreate),
+    responses=error_responses(400, 409, 415, 422),
+)
+async def start_profile(
+    job_id: str,
+    request: Request,
+    user: CurrentUser,
+    store: StoreDep,
+    settings: SettingsDep,
+    runtime: RuntimeDep,
+) -> ProfilePublic:
+    """Record the next `steps` (1-20, default 3) steps of every rank of a RUNNING job;
+    training goes on meanwhile. Poll the answer's profile until `state` is `done`."""
+    raw = await request.body()
+    asked = parse_body(
+        raw or b"{}",
+        request.headers.get("content-type") or "application/json",
+        ProfileCreate,
+        "a profile request",
+    )
+
+    def begin() -> ProfilePublic:
+        profiles, running, world = _profiles(job_id, user, store, settings)
+        if not running:
+            job = store.get(job_id, user)
+            raise ApiError(
+                409, "conflict", f"job {job_id} is {job.state}; only a RUNNING job can be profiled"
+            )
+        profile_id = profiles.begin(asked.steps, world, running)
+        try:
+            runtime.profile(job_id, profile_id, asked.steps)
+        except FaultNotDelivered as err:
+            profiles.fail(profile_id, f"the request did not reach the ranks: {err}")
+            raise ApiError(409, "conflict", f"the profile was not started: {err}") from None
+        return _public(job_id, profiles.state(profile_id, running))
+
+    # The store and the runtime block (a Ray round trip): keep them off the event loop.
+    return await run_in_threadpool(begin)
+
+
+@router.get("/{job_id}/profiles/{profile_id}", response_model=ProfilePublic)
+def profile_state(
+    job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
+) -> ProfilePublic:
+    """How far a profile is: `recording`, `done` (with `trace`) or `failed` (with `error`)."""
+    profiles, running, _ = _profiles(job_id, user, store, settings)
+    return _public(job_id, profiles.state(profile_id, running))
+
+
+@router.get(
+    "/{job_id}/profiles/{profile_id}/trace",
+    response_class=Response,
+    responses={
+        200: {"description": "A Chrome trace (JSON)", "content": {"application/json": {}}},
+        **error_responses(409),
+    },
+)
+def profile_trace(
+    job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
+) -> Response:
+    """Every rank's trace in one Chrome trace: each rank is a process named "rank R"."""
+    profiles, running, _ = _profiles(job_id, user, store, settings)
+    state = profiles.state(profile_id, running)
+    if state.state != "done":
+        why = f": {state.error}" if state.error else "; wait until it is done"
+        raise ApiError(409, "conflict", f"profile {profile_id} is {state.state}{why}")
+    body = json_body(profiles.merged_trace(profile_id))
+    body.headers["Content-Disposition"] = (
+        f'attachment; filename="profile-{job_id}-{profile_id}.json"'
+    )
+    return body

@@ -1,0 +1,73 @@
+"""The profile routes' guards and the merged trace, on SQLite and PostgreSQL (a real
+server without Ray: tests/e2e/test_profile.py profiles a running job)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from api.client import Client, Conflict, InvalidRequest, NotFound
+from service.profiles import Profiles
+from tests.api.conftest import Backend
+
+SPEC: dict[str, Any] = {"name": "profiled", "parallel": {"dp": 2}, "train": {"steps": 7}}
+
+
+def test_only_a_running_job_of_ones_own_is_profiled(
+    backend: Backend, user_client: Callable[..., Client]
+) -> None:
+    owner, other = user_client(), user_client()
+    job = owner.submit(SPEC)["id"]
+    with pytest.raises(Conflict, match="only a RUNNING job can be profiled"):
+        owner.profile(job, 3)
+    with pytest.raises(NotFound):
+        other.profile(job, 3)
+    with pytest.raises(NotFound):
+        owner.profile("nosuchjob", 3)
+    for steps in (0, 21, "3"):
+        with pytest.raises(InvalidRequest) as bad:
+            owner._call("POST", f"/v1/jobs/{job}/profile", json={"steps": steps})
+        assert bad.value.details and bad.value.details[0]["field"] == "steps", steps
+    with pytest.raises(NotFound, match="no profile"):
+        owner.profile_state(job, "0123456789ab")
+
+
+def rank_trace(rank: int) -> dict[str, Any]:
+    """What torch.profiler writes, in brief: its own process name and some spans."""
+    return {
+        "traceEvents": [
+            {"name": "process_name", "ph": "M", "pid": 4000 + rank, "args": {"name": "python"}},
+            {"name": "ProfilerStep#0", "ph": "X", "pid": 4000 + rank, "tid": 1, "ts": 0, "dur": 5},
+            {"name": "aten::mm", "ph": "X", "pid": 4000 + rank, "tid": 1, "ts": 1, "dur": 2},
+        ]
+    }
+
+
+def test_the_ranks_traces_merge_into_one_named_by_rank(
+    backend: Backend, user_client: Callable[..., Client], tmp_path: Any
+) -> None:
+    owner = user_client()
+    job = owner.submit(SPEC)["id"]
+    profiles = Profiles(backend.server.settings.job_layout(job).profiles_dir)
+    profile_id = profiles.begin(1, 2, running=True)
+    folder = profiles.folder / profile_id
+    (folder / "rank-0.json").write_text(json.dumps(rank_trace(0)))
+    # Not every rank has written, and the job is not running: that profile failed.
+    state = owner.profile_state(job, profile_id)
+    assert state["state"] == "failed" and state["ranks_done"] == [0], state
+    assert "stopped running" in state["error"]
+    with pytest.raises(Conflict, match="is failed"):
+        owner.profile_trace(job, profile_id, tmp_path / "t.json")
+    (folder / "rank-1.json").write_text(json.dumps(rank_trace(1)))
+    state = owner.profile_state(job, profile_id)
+    assert state["state"] == "done" and state["trace"].endswith(f"{profile_id}/trace")
+    merged = json.loads(owner.profile_trace(job, profile_id, tmp_path / "t.json").read_text())
+    names = {
+        e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "process_name"
+    }
+    assert names == {0: "rank 0", 1: "rank 1"}  # torch's own process names are dropped
+    spans = [(e["pid"], e["name"]) for e in merged["traceEvents"] if e["ph"] == "X"]
+    assert spans == [(0, "ProfilerStep#0"), (0, "aten::mm"), (1, "ProfilerStep#0"), (1, "aten::mm")]
