@@ -44,6 +44,7 @@ def breakdown(rank: int, slow: float) -> dict[str, float]:
         "bubble_s": 0.0,
         "checkpoint_s": 0.0,
         "step_s": compute + comm + 0.001,
+        "mem_bytes": (100 + 50 * rank) * 2**20,
     }
 
 
@@ -132,6 +133,7 @@ def test_the_ranks_panel_places_each_rank_and_shows_the_slow_one(
         # dp=2: rank 1 is data-parallel replica 1 of stage 0, tp 0; both on node f00dfeed.
         cells = ranks.nth(1).locator("td").all_inner_texts()
         assert cells[1:5] == ["0", "1", "0", "f00dfeed"], cells
+        assert cells[6] == "150.0 MiB", cells  # what rank 1 holds
         expect(ranks.nth(0)).not_to_have_class("slow")
         bar = ranks.nth(1).locator(".parts")
         assert "communication 0.020 s" in (bar.get_attribute("aria-label") or "")
@@ -141,4 +143,39 @@ def test_the_ranks_panel_places_each_rank_and_shows_the_slow_one(
         page.goto(f"{server.url}/#/jobs/{fast}")
         expect(page.locator("#ranks tbody tr")).to_have_count(2)
         expect(page.locator("#ranks tbody tr.slow")).to_have_count(0)
+    assert sandboxed_page.outside == []
+
+
+def test_a_resumed_job_draws_the_curve_it_continues_and_links_it(
+    two_runs: tuple[Settings, str, list[str]], sandboxed_page: Sandboxed
+) -> None:
+    settings, token, (parent, _) = two_runs
+    db = Database(settings.database_url)
+    store = JobStore(db)
+    alice = UserDirectory(db).ensure_user("alice")
+    body = {**spec("continued", 0.01), "resume_from": {"job_id": parent, "step": 6}}
+    child = store.create(alice, JobSpec.model_validate(body))[0].id
+    store.record_progress(
+        child,
+        [
+            MetricsEntry(step=s, values={"step": s, "loss": 3.0 - s / 100}, seq=s - 6)
+            for s in range(7, STEPS + 1)
+        ],
+        after_seq=0,
+    )
+    db.dispose()
+    page = sandboxed_page.page
+    with run_server(settings) as server:
+        sign_in(page, server.url, token)
+        page.goto(f"{server.url}/#/jobs/{child}")
+        link = page.locator("#parent-link")
+        expect(link).to_have_text("Continues lr-low from its step 6 (its curve in grey).")
+        legend = page.locator("#loss-chart .u-legend .u-series")
+        expect(legend).to_have_count(4)  # step, train, validation, the parent's
+        expect(legend.nth(3)).to_contain_text("lr-low (before)")
+        # Steps 1-6 are the parent's, 7-12 its own: one curve over the whole run.
+        expect(page.locator("#loss-chart")).to_have_attribute("data-points", str(STEPS))
+        link.get_by_role("link", name="lr-low").click()
+        expect(page.locator("#job-title")).to_have_text("lr-low")
+        expect(page.locator("#parent-link")).to_be_hidden()
     assert sandboxed_page.outside == []

@@ -40,6 +40,8 @@ def test_logged_steps_carry_each_ranks_breakdown_and_the_checkpoint_wait(
         assert parts == pytest.approx(row["step_s"], rel=0.1)
         assert row["step_s"] == pytest.approx(m["step_time_s"])
         assert row["compute_s"] > row["data_s"] > 0 and row["bubble_s"] == 0.0
+        # One rank holds everything: its memory is the sum of the step's kinds.
+        assert row["mem_bytes"] == sum(m["mem_bytes"].values()) > 0
     # The checkpoint after step 4 held training; no other step saved.
     assert logged[-1]["breakdown"][0]["checkpoint_s"] == logged[-1]["checkpoint_blocking_s"] > 0
     assert [m["breakdown"][0]["checkpoint_s"] for m in logged[:2]] == [0.0, 0.0]

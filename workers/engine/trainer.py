@@ -307,6 +307,7 @@ class Trainer:
                 "rank": rank,
                 **{f"{part}_s": row[n + i] for i, part in enumerate(PARTS)},
                 "step_s": row[-1],
+                "mem_bytes": int(sum(row[:n])),  # what this rank holds (the page's ranks)
             }
             for rank, row in enumerate(table)
         ]

@@ -67,7 +67,8 @@ export class Chart {
     box.append(this.empty);
     box.addEventListener("dblclick", () => { this.zoomed = false; });
     // Made while its section was hidden, a chart has no width yet: it is drawn once it has.
-    new ResizeObserver(() => this.resize()).observe(box);
+    this.observer = new ResizeObserver(() => this.resize());
+    this.observer.observe(box);
   }
 
   update(rows, { smoothing = 0, log = false, marks = [], ended = false } = {}) {
@@ -145,6 +146,12 @@ export class Chart {
   destroy() {
     this.plot?.destroy();
     this.plot = null;
+  }
+
+  // For good: another chart takes this one's box.
+  dispose() {
+    this.observer.disconnect();
+    this.destroy();
   }
 }
 

@@ -8,6 +8,10 @@ import { ProfileControl } from "./profile.js";
 import { renderRanks } from "./ranks.js";
 
 const LOG_LINES = 200;
+const LOSS_SERIES = [
+  { key: "loss", label: "train", color: "#2f5fd0" },
+  { key: "val_loss", label: "validation", color: "#b7791f" },
+];
 // The memory kinds a logged step reports (workers/contract/memory_model.py KINDS).
 const MEMORY_KINDS = [["params", "#2f5fd0"], ["grads", "#1f8a4c"], ["optim", "#b7791f"]];
 const $ = (id) => document.getElementById(id);
@@ -20,6 +24,7 @@ export class JobPage {
     this.metrics = [];
     this.events = [];
     this.rankNodes = null;  // each rank's node, from the newest placement event
+    this.parent = undefined;  // the job `resume_from` names, once looked up
     this.job = null;
     for (const id of ["timeline", "restarts", "log", "spec", "job-summary", "action-error"]) {
       $(id).replaceChildren();
@@ -45,13 +50,11 @@ export class JobPage {
     $("resume").onclick = () => this.act("resume");
     $("marks").replaceChildren();
     $("ranks-section").hidden = true;
+    $("parent-link").hidden = true;
     this.profiling = new ProfileControl(jobId);
     const gib = (row, key) => (row.mem_bytes?.[key] ?? NaN) / 2 ** 30;
     this.charts = [
-      new Chart($("loss-chart"), [
-        { key: "loss", label: "train", color: "#2f5fd0" },
-        { key: "val_loss", label: "validation", color: "#b7791f" },
-      ], { marked: true }),
+      new Chart($("loss-chart"), LOSS_SERIES, { marked: true }),
       new Chart($("throughput-chart"), [{ key: "tokens_per_s", label: "tokens/s", color: "#2f5fd0" }]),
       new Chart($("lr-chart"), [{ key: "lr", label: "lr", color: "#2f5fd0" }]),
       new Chart($("grad-chart"), [{ key: "grad_norm", label: "grad norm", color: "#2f5fd0" }],
@@ -69,6 +72,7 @@ export class JobPage {
     const base = `/v1/jobs/${encodeURIComponent(this.jobId)}`;
     // The job first: if it has ended, what is read after it is complete.
     const job = await api(base);
+    if (this.parent === undefined) await this.loadParent(job);
     const rank = $("rank").value || "0";
     const logQuery = new URLSearchParams({ rank, tail: String(LOG_LINES) });
     if ($("log-search").value.trim()) logQuery.set("contains", $("log-search").value.trim());
@@ -86,6 +90,30 @@ export class JobPage {
     this.renderLogs(logs);
     if (TERMINAL.has(job.state)) this.drawCharts();  // "nothing was logged", if so
     return !TERMINAL.has(job.state);  // a finished job is not polled any more
+  }
+
+  // A job started with `resume_from` continues another's curve: that job's steps up to
+  // the checkpoint it started from are drawn before its own, in grey, and linked.
+  async loadParent(job) {
+    const from = job.spec.resume_from;
+    this.parent = null;
+    if (!from) return;
+    const base = `/v1/jobs/${encodeURIComponent(from.job_id)}`;
+    let parent, metrics;
+    try {
+      [parent, metrics] = await Promise.all([api(base), api(`${base}/metrics?limit=10000`)]);
+    } catch {
+      return;  // gone, or not this user's to see: the job's own curve stands alone
+    }
+    const upTo = from.step ?? Infinity;
+    this.parent = { job: parent, rows: metrics.metrics.filter((r) => r.step <= upTo) };
+    const link = $("parent-link");
+    link.replaceChildren("Continues ", el("a", { href: `#/jobs/${parent.id}`, text: parent.name }),
+      ` from ${from.step ? `its step ${from.step}` : "its newest checkpoint"} (its curve in grey).`);
+    link.hidden = false;
+    this.charts[0].dispose();
+    this.charts[0] = new Chart($("loss-chart"), [...LOSS_SERIES,
+      { key: "parent_loss", label: `${parent.name} (before)`, color: "#9aa3b2" }], { marked: true });
   }
 
   async act(verb, question) {
@@ -185,7 +213,12 @@ export class JobPage {
     };
     $("mfu-figure").hidden = !this.metrics.some((r) => Number.isFinite(r.mfu));
     $("memory-figure").hidden = !this.metrics.some((r) => r.mem_bytes);
-    for (const chart of this.charts) chart.update(this.metrics, shown);
+    // The parent's steps before this job's own, where it has one (they never overlap).
+    const first = this.metrics[0]?.step ?? Infinity;
+    const before = (this.parent?.rows ?? []).filter((r) => r.step < first)
+      .map((r) => ({ step: r.step, parent_loss: r.loss }));
+    const lossRows = before.length ? [...before, ...this.metrics] : this.metrics;
+    this.charts.forEach((chart, i) => chart.update(i === 0 ? lossRows : this.metrics, shown));
   }
 
   renderCheckpoints(checkpoints) {

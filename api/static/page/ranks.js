@@ -1,7 +1,7 @@
 // A job's ranks: each one's place in the layout (its pp, dp and tp coordinates, as the
 // engine's (pp, dp, tp) device mesh numbers them, and its node), its step time over the
 // last logged steps as a heat map in which a slow rank stands out, and where the last
-// logged step's time went on each (the engine's per-rank breakdown).
+// logged step's time went on each and what it holds (the engine's per-rank breakdown).
 
 import { el } from "./api.js";
 
@@ -13,6 +13,11 @@ export const PARTS = [
   ["bubble_s", "pipeline bubble", "#b7791f"], ["data_s", "data", "#1f8a4c"],
   ["checkpoint_s", "checkpoint", "#5c6577"],
 ];
+
+function bytes(n) {
+  if (!Number.isFinite(n)) return "–";
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
 
 function median(values) {
   const sorted = [...values].sort((a, b) => a - b);
@@ -63,6 +68,7 @@ export function renderRanks(job, rows, rankNodes) {
       el("td", { "data-label": "tp", text: at ? String(at.tp) : "–" }),
       el("td", { "data-label": "Node", title: node ?? "", text: node ? node.slice(0, 8) : "–" }),
       el("td", { "data-label": "Step time", class: "num", text: `${b.step_s.toFixed(3)} s` }),
+      el("td", { "data-label": "Memory", class: "num", text: bytes(b.mem_bytes) }),
       el("td", { "data-label": "Where it went" }, bar));
     return row;
   }));
