@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from api.client import Conflict
-from tests.e2e.conftest import Service, job_spec, wait_for
+from tests.e2e.conftest import Service, job_spec, leftovers, wait_for
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
@@ -48,6 +48,9 @@ def test_a_profile_of_both_ranks_downloads_while_the_job_trains(
         wait_for(c, job["id"], lambda j: j["step"] > during + 20, 120)  # and goes on after
         said = [e["message"] for e in c.events(job["id"])]
         c.cancel(job["id"])
+        # Its workers gone before the service stops: the next test on this cluster needs them.
+        assert c.wait(job["id"], timeout=120)["state"] == "CANCELLED"
+        assert leftovers(svc.ray_address, job["id"]) == {"actors": [], "placement_groups": []}
     assert any(m.startswith("profile ") and "next 3 steps" in m for m in said), said
     trace = json.loads(out.read_text())
     names = {
