@@ -1,16 +1,20 @@
 """Profiles on demand, as the control plane keeps them: a folder per profile under the
-job's `profiles/`, with `request.json` (what was asked, when) beside each rank's trace
-(workers/runtime/profiling.py writes them). No database row: the files are the state.
+job's `profiles/`, with `request.json` (what was asked, when, of which workers) beside each
+rank's trace (workers/runtime/profiling.py writes them). No database row: the files are
+the state.
 
-A profile is `recording` until every rank has written its trace (`done`), one rank has
-written why it could not, or the job stopped running or took too long first (`failed`).
-A job has one profile recording at a time. The merged trace names each rank's process
-"rank R", so Perfetto and chrome://tracing show one track group per rank.
+A profile is `recording` until every rank it was sent to has written its trace (`done`),
+or one rank wrote why it could not, or the job's workers changed first (a restart, a pause,
+its end: the job's version moved on) or too long went by (`failed`, which is then written
+down and stays). A job records one profile at a time (`active` names it, created with
+O_EXCL). The merged trace names each rank's process "rank R", so Perfetto and
+chrome://tracing show one track group per rank; it is merged once and kept.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from service.store import StoreError
-from workers.runtime.profiling import trace_file
+from workers.runtime.profiling import trace_file, write_atomically
 
 MAX_STEPS = 20
-# A profile still recording after this long has failed (a rank that never reached the
-# steps: stalled, or its job was paused and resumed under new workers).
-RECORDING_LIMIT_S = 600.0
+# A backstop for a rank that never writes (its job's own hang detection restarts a stuck
+# rank long before, which ends the profile sooner).
+RECORDING_LIMIT_S = 3600.0
+# The ranks' traces together, at most: merging holds one rank's trace in memory at a time.
+MAX_MERGED_BYTES = 256 * 2**20
 REQUEST = "request.json"
-# The merged trace is built in the API's memory: its ranks' traces together at most this.
-MAX_MERGED_BYTES = 512 * 2**20
+FAILED = "request.error"
+MERGED = "merged.json"
+ACTIVE = "active"
 
 
 class ProfileBusy(StoreError):
@@ -41,9 +48,15 @@ class ProfileNotFound(StoreError):
 
 
 class ProfileTooLarge(StoreError):
-    """The ranks' traces together are more than the API merges in memory (409)."""
+    """The ranks' traces together are more than the API merges (409)."""
 
     code = "too_large"
+
+
+class ProfileUnreadable(StoreError):
+    """One of the profile's files is not what a rank or the API wrote (409)."""
+
+    code = "conflict"
 
 
 @dataclass(frozen=True)
@@ -61,70 +74,113 @@ class Profiles:
     def __init__(self, folder: Path) -> None:
         self.folder = folder  # the job's profiles/ (JobLayout.profiles_dir)
 
-    def begin(self, steps: int, world_size: int, running: bool) -> str:
-        """A new profile's id, its request written; ProfileBusy if one is recording."""
-        for state in self.all(running):
-            if state.state == "recording":
-                raise ProfileBusy(
-                    f"profile {state.id} of this job is still recording; wait for it "
-                    f"(GET .../profiles/{state.id})"
-                )
+    def begin(self, steps: int, world_size: int, version: int) -> str:
+        """A new profile's id, its request written, for workers of the job at `version`;
+        ProfileBusy while another records."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         profile_id = uuid.uuid4().hex[:12]
-        where = self.folder / profile_id
-        where.mkdir(parents=True)
-        request = {"steps": steps, "world_size": world_size, "requested_at": time.time()}
-        (where / REQUEST).write_text(json.dumps(request))
+        for _ in range(2):
+            try:
+                fd = os.open(self.folder / ACTIVE, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                self._busy_or_clear(version)
+                continue
+            with os.fdopen(fd, "w") as out:
+                out.write(profile_id)
+            break
+        else:
+            raise ProfileBusy("another profile of this job began just now; try again")
+        request = {
+            "steps": steps,
+            "world_size": world_size,
+            "version": version,
+            "requested_at": time.time(),
+        }
+        (self.folder / profile_id).mkdir()
+        write_atomically(self.folder / profile_id / REQUEST, json.dumps(request))
         return profile_id
 
-    def fail(self, profile_id: str, message: str) -> None:
-        """The request never reached the ranks: say so where the state is read."""
-        (self.folder / profile_id / "request.error").write_text(json.dumps({"error": message}))
+    def _busy_or_clear(self, version: int) -> None:
+        """ProfileBusy if the profile `active` names still records; else forget it."""
+        active = self.folder / ACTIVE
+        try:
+            other = active.read_text().strip()
+        except FileNotFoundError:
+            return
+        try:
+            still = self.state(other, version).state == "recording"
+        except ProfileNotFound:  # its begin() has not written its request yet
+            still = time.time() - active.stat().st_mtime < 60
+        if still:
+            raise ProfileBusy(
+                f"profile {other} of this job is still recording; wait for it "
+                f"(GET .../profiles/{other})"
+            )
+        active.unlink(missing_ok=True)
 
-    def all(self, running: bool) -> Iterator[ProfileState]:
-        if self.folder.is_dir():
-            for where in sorted(self.folder.iterdir()):
-                if (where / REQUEST).is_file():
-                    yield self.state(where.name, running)
-
-    def state(self, profile_id: str, running: bool) -> ProfileState:
-        """`running`: whether the job is running now (a profile cannot finish otherwise)."""
+    def sent_to(self, profile_id: str, ranks: int) -> None:
+        """The ranks the supervisor armed: fewer than the spec's for a shrunk elastic job."""
         where = self._folder_of(profile_id)
-        request = json.loads((where / REQUEST).read_text())
+        request = _read(where / REQUEST) | {"world_size": ranks}
+        write_atomically(where / REQUEST, json.dumps(request))
+
+    def fail(self, profile_id: str, message: str) -> None:
+        """The profile cannot finish: say so where its state is read, for good."""
+        write_atomically(self._folder_of(profile_id) / FAILED, json.dumps({"error": message}))
+        self._release(profile_id)
+
+    def state(self, profile_id: str, version: int | None) -> ProfileState:
+        """`version`: the job's now while it is RUNNING, None when it is not (a profile
+        cannot finish then)."""
+        where = self._folder_of(profile_id)
+        request = _read(where / REQUEST)
         world = int(request["world_size"])
         done = [r for r in range(world) if trace_file(where, r).is_file()]
-        errors = sorted(where.glob("*.error"))  # a rank's, or the request's own
-        error: str | None = None
-        if errors:
-            error = "; ".join(json.loads(p.read_text())["error"] for p in errors)
-        elif len(done) < world and not running:
-            error = "the job stopped running before every rank had written its trace"
-        elif len(done) < world and time.time() - request["requested_at"] > RECORDING_LIMIT_S:
-            error = f"not every rank wrote its trace within {RECORDING_LIMIT_S:.0f} s"
+        errors = sorted(where.glob("*.error"))  # a rank's, or the profile's own
+        error = "; ".join(str(_read(p).get("error")) for p in errors) if errors else None
+        if error is None and len(done) < world:
+            if version is None or version != request.get("version"):
+                error = "the job's workers stopped or changed before every rank wrote its trace"
+            elif time.time() - float(request["requested_at"]) > RECORDING_LIMIT_S:
+                error = f"not every rank wrote its trace within {RECORDING_LIMIT_S:.0f} s"
+            if error is not None:
+                self.fail(profile_id, error)
         state = "failed" if error else "done" if len(done) == world else "recording"
+        if state == "done":
+            self._release(profile_id)
         return ProfileState(
-            profile_id, int(request["steps"]), world, state, done, request["requested_at"], error
+            profile_id,
+            int(request["steps"]),
+            world,
+            state,
+            done,
+            float(request["requested_at"]),
+            error,
         )
 
-    def merged_trace(self, profile_id: str) -> dict[str, Any]:
-        """Every rank's trace in one: each event's process is its rank, named so."""
+    def merged_trace(self, profile_id: str) -> Path:
+        """Every rank's trace in one file (made once): each event's process is its rank."""
         where = self._folder_of(profile_id)
-        world = int(json.loads((where / REQUEST).read_text())["world_size"])
+        merged = where / MERGED
+        if merged.is_file():
+            return merged
+        world = int(_read(where / REQUEST)["world_size"])
         size = sum(trace_file(where, rank).stat().st_size for rank in range(world))
         if size > MAX_MERGED_BYTES:
             raise ProfileTooLarge(
                 f"the {world} ranks' traces are {size >> 20} MiB together, over the "
                 f"{MAX_MERGED_BYTES >> 20} MiB merged here; profile fewer steps"
             )
-        events: list[dict[str, Any]] = []
-        for rank in range(world):
-            trace = json.loads(trace_file(where, rank).read_text())
-            events.append(_meta("process_name", rank, {"name": f"rank {rank}"}))
-            events.append(_meta("process_sort_index", rank, {"sort_index": rank}))
-            for event in trace.get("traceEvents", []):
-                if event.get("ph") == "M" and event.get("name") == "process_name":
-                    continue  # the rank's own process names would hide "rank R"
-                events.append({**event, "pid": rank})
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        write_atomically(merged, _merged_chunks(where, world))
+        return merged
+
+    def _release(self, profile_id: str) -> None:
+        active = self.folder / ACTIVE
+        try:
+            if active.read_text().strip() == profile_id:
+                active.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
 
     def _folder_of(self, profile_id: str) -> Path:
         where = self.folder / profile_id
@@ -134,5 +190,43 @@ class Profiles:
         return where
 
 
-def _meta(name: str, rank: int, args: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "ph": "M", "pid": rank, "tid": 0, "args": args}
+def _merged_chunks(where: Path, world: int) -> Iterator[str]:
+    yield '{"displayTimeUnit": "ms", "traceEvents": ['
+    first = True
+    for rank in range(world):
+        trace = _read(trace_file(where, rank))
+        events: list[dict[str, Any]] = [
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": rank,
+                "tid": 0,
+                "args": {"name": f"rank {rank}"},
+            },
+            {
+                "name": "process_sort_index",
+                "ph": "M",
+                "pid": rank,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            },
+        ]
+        for event in trace.get("traceEvents", []):
+            if event.get("ph") == "M" and event.get("name") == "process_name":
+                continue  # the rank's own process names would hide "rank R"
+            events.append({**event, "pid": rank})
+        for event in events:
+            yield ("" if first else ",") + json.dumps(event)
+            first = False
+    yield "]}"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """A profile's JSON file; one that cannot be read is a failed profile, not a 500."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ProfileUnreadable(f"{path.name} of this profile cannot be read: {err}") from None
+    if not isinstance(value, dict):
+        raise ProfileUnreadable(f"{path.name} of this profile is not a JSON object")
+    return value

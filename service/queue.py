@@ -75,12 +75,18 @@ def set_priority(store: JobStore, job_id: str, viewer: Viewer, priority: int) ->
         # Only from the priority that was checked: a racing change makes this one retry.
         done = s.execute(
             update(Job)
-            .where(Job.id == job_id, Job.priority == job.priority)
+            .where(
+                Job.id == job_id,
+                Job.priority == job.priority,
+                Job.state.in_([st.value for st in ACTIVE]),
+            )
             .values(priority=priority)
         )
         if done.rowcount != 1:  # type: ignore[attr-defined]
             s.rollback()
-            raise ConcurrentUpdate(f"job {job_id}'s priority changed meanwhile; read it again")
+            raise ConcurrentUpdate(
+                f"job {job_id} changed meanwhile (its priority, or it ended); read it again"
+            )
         message = f"priority {job.priority} -> {priority}, set by {viewer.name}"
         kind = EventKind.PRIORITY.value
         data = {"kind": kind, "from": job.priority, "to": priority, "by": viewer.name}

@@ -111,16 +111,16 @@ class RaySupervisors:
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         self._deliver(job_id, "the fault", "inject_fault", kind, rank)
 
-    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
-        self._deliver(job_id, "the profile", "profile", profile_id, steps)
+    def profile(self, job_id: str, profile_id: str, steps: int) -> int:
+        return int(self._deliver(job_id, "the profile", "profile", profile_id, steps))
 
-    def _deliver(self, job_id: str, what: str, method: str, *args: Any) -> None:
+    def _deliver(self, job_id: str, what: str, method: str, *args: Any) -> Any:
         """Call a RUNNING job's supervisor and wait: FaultNotDelivered if it did not take it."""
         handle = self._handle(job_id)
         if handle is None:
             raise FaultNotDelivered(f"job {job_id} has no supervisor running")
         try:
-            ray.get(getattr(handle, method).remote(*args), timeout=CALL_TIMEOUT_S * 4)
+            return ray.get(getattr(handle, method).remote(*args), timeout=CALL_TIMEOUT_S * 4)
         except ray.exceptions.RayTaskError as err:  # refused there (not RUNNING, ...)
             raise FaultNotDelivered(str(err.cause if err.cause else err)) from None
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as err:
@@ -208,8 +208,8 @@ class RayRuntime:
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         self.supervisors.inject_fault(job_id, kind, rank)
 
-    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
-        self.supervisors.profile(job_id, profile_id, steps)
+    def profile(self, job_id: str, profile_id: str, steps: int) -> int:
+        return self.supervisors.profile(job_id, profile_id, steps)
 
     def queue_changed(self) -> None:
         self.scheduler.wake()

@@ -40,9 +40,10 @@ class Runtime(Protocol):
         """Have one rank of a running job fail as `kind` says (workers/runtime/faults.py)."""
         ...
 
-    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
+    def profile(self, job_id: str, profile_id: str, steps: int) -> int:
         """Have every rank of a running job record its next `steps` steps with
-        torch.profiler into the job's profiles/<profile_id> (FaultNotDelivered if not)."""
+        torch.profiler into the job's profiles/<profile_id> (FaultNotDelivered if not);
+        how many ranks were asked (fewer than the spec's in a shrunk elastic job)."""
         ...
 
     def queue_changed(self) -> None:
@@ -74,7 +75,7 @@ class NoRuntime:
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         raise FaultNotDelivered("no runtime is attached to this server: no job runs")
 
-    def profile(self, job_id: str, profile_id: str, steps: int) -> None:
+    def profile(self, job_id: str, profile_id: str, steps: int) -> int:
         raise FaultNotDelivered("no runtime is attached to this server: no job runs")
 
     def queue_changed(self) -> None:

@@ -115,6 +115,8 @@ def logs(
     --follow, stream it until the job ends; with --out, save the whole log."""
     if follow and grep is not None:
         raise fail(["--grep searches what is written; it does not apply to --follow"])
+    if out is not None and (follow or grep is not None):
+        raise fail(["--out saves the whole log; leave out --grep and --follow with it"])
     with api_errors(), client(url, token) as c:
         if out is not None:
             c.download_log(job_id, out, rank)

@@ -136,7 +136,7 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
     openapi_extra=request_body(JobSpec),
     responses={
         200: {"model": JobPublic, "description": "Idempotent replay"},
-        **error_responses(400, 409, 413, 415, 429),
+        **error_responses(400, 403, 409, 413, 415, 429),
     },
 )
 async def submit_job(
@@ -149,6 +149,12 @@ async def submit_job(
 ) -> Any:
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
+    if spec.priority > 0 and not user.is_admin:
+        # As with PATCH: raising a job above the others is an administrator's call.
+        message = "above 0 is for administrators; leave it out (0) or give a lower one"
+        raise ApiError(
+            403, "forbidden", f"priority: {message}", [{"field": "priority", "message": message}]
+        )
 
     def admit() -> tuple[Job, bool]:
         check_data_path(spec, settings)

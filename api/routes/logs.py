@@ -3,10 +3,12 @@ stream that follows it, and the whole file to download."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 
 from api.deps import CurrentUser, SettingsDep, StoreDep
 from api.errors import ApiError
@@ -64,7 +66,7 @@ def job_logs(
 
 @router.get(
     "/{job_id}/logs/download",
-    response_class=FileResponse,
+    response_class=StreamingResponse,
     responses={200: {"content": {"text/plain": {}}, "description": "the rank's whole log"}},
 )
 def download_log(
@@ -73,15 +75,30 @@ def download_log(
     store: StoreDep,
     settings: SettingsDep,
     rank: Annotated[int, Query(ge=0)] = 0,
-) -> FileResponse:
+) -> StreamingResponse:
     """One rank's whole log as a file (as far as it has been written)."""
     job, layout = _rank_log(job_id, rank, user, store, settings)
     path = layout.log_file(rank)
     if not path.is_file():
         raise ApiError(404, "not_found", f"rank {rank} of job {job.id} has written no log yet")
-    return FileResponse(
-        path, media_type="text/plain; charset=utf-8", filename=f"{job.id}-rank-{rank}.log"
+    # The log as long as it is now: a rank may append while it is sent, and a response
+    # longer than its Content-Length is cut off by the server.
+    size = path.stat().st_size
+    return StreamingResponse(
+        _first_bytes(path, size),
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{job.id}-rank-{rank}.log"',
+        },
     )
+
+
+def _first_bytes(path: Path, size: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while size > 0 and (data := f.read(min(chunk, size))):
+            size -= len(data)
+            yield data
 
 
 def _rank_log(

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
 
 from api.bodies import parse_body
 from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
 from api.errors import ApiError
-from api.json_body import json_body
 from api.openapi import error_responses, request_body
 from api.schemas import ProfileCreate, ProfilePublic
 from service.config import Settings
@@ -45,11 +45,13 @@ def _public(job_id: str, p: ProfileState) -> ProfilePublic:
 
 def _profiles(
     job_id: str, user: Viewer, store: JobStore, settings: Settings
-) -> tuple[Profiles, bool, int]:
-    """The job's profiles (404 for a job the user may not see), whether it runs, its ranks."""
+) -> tuple[Profiles, int | None, int]:
+    """The job's profiles (404 for a job the user may not see), its version while it is
+    RUNNING (None otherwise: no profile can finish then), and its ranks as specified."""
     job = store.get(job_id, user)
     world = JobSpec.model_validate(job.spec).parallel.world_size
-    return Profiles(settings.job_layout(job.id).profiles_dir), job.state == JobState.RUNNING, world
+    version = job.version if job.state == JobState.RUNNING else None
+    return Profiles(settings.job_layout(job.id).profiles_dir), version, world
 
 
 @router.post(
@@ -78,19 +80,20 @@ async def start_profile(
     )
 
     def begin() -> ProfilePublic:
-        profiles, running, world = _profiles(job_id, user, store, settings)
-        if not running:
-            job = store.get(job_id, user)
+        profiles, version, world = _profiles(job_id, user, store, settings)
+        if version is None:
+            state = store.get(job_id, user).state
             raise ApiError(
-                409, "conflict", f"job {job_id} is {job.state}; only a RUNNING job can be profiled"
+                409, "conflict", f"job {job_id} is {state}; only a RUNNING job can be profiled"
             )
-        profile_id = profiles.begin(asked.steps, world, running)
+        profile_id = profiles.begin(asked.steps, world, version)
         try:
-            runtime.profile(job_id, profile_id, asked.steps)
+            # A shrunk elastic job runs fewer ranks than its spec: wait for those only.
+            profiles.sent_to(profile_id, runtime.profile(job_id, profile_id, asked.steps))
         except FaultNotDelivered as err:
             profiles.fail(profile_id, f"the request did not reach the ranks: {err}")
             raise ApiError(409, "conflict", f"the profile was not started: {err}") from None
-        return _public(job_id, profiles.state(profile_id, running))
+        return _public(job_id, profiles.state(profile_id, version))
 
     # The store and the runtime block (a Ray round trip): keep them off the event loop.
     return await run_in_threadpool(begin)
@@ -101,13 +104,13 @@ def profile_state(
     job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
 ) -> ProfilePublic:
     """How far a profile is: `recording`, `done` (with `trace`) or `failed` (with `error`)."""
-    profiles, running, _ = _profiles(job_id, user, store, settings)
-    return _public(job_id, profiles.state(profile_id, running))
+    profiles, version, _ = _profiles(job_id, user, store, settings)
+    return _public(job_id, profiles.state(profile_id, version))
 
 
 @router.get(
     "/{job_id}/profiles/{profile_id}/trace",
-    response_class=Response,
+    response_class=FileResponse,
     responses={
         200: {"description": "A Chrome trace (JSON)", "content": {"application/json": {}}},
         **error_responses(409),
@@ -115,15 +118,15 @@ def profile_state(
 )
 def profile_trace(
     job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
-) -> Response:
+) -> FileResponse:
     """Every rank's trace in one Chrome trace: each rank is a process named "rank R"."""
-    profiles, running, _ = _profiles(job_id, user, store, settings)
-    state = profiles.state(profile_id, running)
+    profiles, version, _ = _profiles(job_id, user, store, settings)
+    state = profiles.state(profile_id, version)
     if state.state != "done":
         why = f": {state.error}" if state.error else "; wait until it is done"
         raise ApiError(409, "conflict", f"profile {profile_id} is {state.state}{why}")
-    body = json_body(profiles.merged_trace(profile_id))
-    body.headers["Content-Disposition"] = (
-        f'attachment; filename="profile-{job_id}-{profile_id}.json"'
+    return FileResponse(
+        profiles.merged_trace(profile_id),
+        media_type="application/json",
+        filename=f"profile-{job_id}-{profile_id}.json",
     )
-    return body

@@ -3,6 +3,7 @@ server without Ray: the log is written where a rank would write it)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,29 @@ def test_a_search_reads_only_the_end_of_a_huge_log(
     path = tmp_path / "rank-0.log"
     path.write_text("needle at the start\n" + "hay\n" * 100 + "needle at the end\n")
     assert job_logs.search_lines(path, "NEEDLE", 10) == ["needle at the end"]
+
+
+def test_a_log_that_grows_while_it_downloads_arrives_whole_as_it_was(
+    backend: Backend, user_client: Callable[..., Client], tmp_path: Path
+) -> None:
+    owner = user_client()
+    job = owner.submit(SPEC)["id"]
+    path = write_log(backend, job, 0, [f"line {i} " + "x" * 200 for i in range(50_000)])
+    before = path.stat().st_size
+    stop = threading.Event()
+
+    def append() -> None:  # a rank that goes on logging meanwhile
+        with path.open("a") as log:
+            while not stop.is_set():
+                log.write("appended " + "y" * 200 + "\n")
+                log.flush()
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    try:
+        saved = owner.download_log(job, tmp_path / "rank-0.log", rank=0).read_bytes()
+    finally:
+        stop.set()
+        writer.join()
+    assert len(saved) >= before
+    assert path.read_bytes()[: len(saved)] == saved

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from api.client import Client, Conflict, InvalidRequest, NotFound
-from service.profiles import Profiles
+from service.profiles import ProfileBusy, Profiles
+from service.store import JobStore
 from tests.api.conftest import Backend
+from workers.contract.lifecycle import JobState
 
 SPEC: dict[str, Any] = {"name": "profiled", "parallel": {"dp": 2}, "train": {"steps": 7}}
 
@@ -47,19 +50,22 @@ def rank_trace(rank: int) -> dict[str, Any]:
 
 
 def test_the_ranks_traces_merge_into_one_named_by_rank(
-    backend: Backend, user_client: Callable[..., Client], tmp_path: Any
+    backend: Backend, user_client: Callable[..., Client], tmp_path: Path
 ) -> None:
     owner = user_client()
     job = owner.submit(SPEC)["id"]
+    store = JobStore(backend.db)
+    store.transition(job, JobState.STARTING, "test")
+    version = store.transition(job, JobState.RUNNING, "test").version
     profiles = Profiles(backend.server.settings.job_layout(job).profiles_dir)
-    profile_id = profiles.begin(1, 2, running=True)
+    profile_id = profiles.begin(1, 2, version)
+    with pytest.raises(ProfileBusy, match="still recording"):
+        profiles.begin(1, 2, version)  # one at a time
     folder = profiles.folder / profile_id
     (folder / "rank-0.json").write_text(json.dumps(rank_trace(0)))
-    # Not every rank has written, and the job is not running: that profile failed.
     state = owner.profile_state(job, profile_id)
-    assert state["state"] == "failed" and state["ranks_done"] == [0], state
-    assert "stopped running" in state["error"]
-    with pytest.raises(Conflict, match="is failed"):
+    assert state["state"] == "recording" and state["ranks_done"] == [0], state
+    with pytest.raises(Conflict, match="is recording"):
         owner.profile_trace(job, profile_id, tmp_path / "t.json")
     (folder / "rank-1.json").write_text(json.dumps(rank_trace(1)))
     state = owner.profile_state(job, profile_id)
@@ -71,3 +77,30 @@ def test_the_ranks_traces_merge_into_one_named_by_rank(
     assert names == {0: "rank 0", 1: "rank 1"}  # torch's own process names are dropped
     spans = [(e["pid"], e["name"]) for e in merged["traceEvents"] if e["ph"] == "X"]
     assert spans == [(0, "ProfilerStep#0"), (0, "aten::mm"), (1, "ProfilerStep#0"), (1, "aten::mm")]
+
+    # The next profile's job pauses before its ranks write: it failed, and stays failed.
+    second = profiles.begin(1, 2, version)
+    store.transition(job, JobState.PAUSING, "test")
+    state = owner.profile_state(job, second)
+    assert state["state"] == "failed" and "stopped or changed" in state["error"], state
+    for rank in (0, 1):
+        (profiles.folder / second / f"rank-{rank}.json").write_text(json.dumps(rank_trace(rank)))
+    assert owner.profile_state(job, second)["state"] == "failed"
+    # Not running: a new profile is refused, and says why.
+    with pytest.raises(Conflict, match="PAUSING; only a RUNNING job"):
+        owner.profile(job, 3)
+
+
+def test_a_profile_that_cannot_reach_the_ranks_is_refused_and_failed(
+    backend: Backend, user_client: Callable[..., Client]
+) -> None:
+    owner = user_client()
+    job = owner.submit(SPEC)["id"]
+    store = JobStore(backend.db)
+    store.transition(job, JobState.STARTING, "test")
+    store.transition(job, JobState.RUNNING, "test")
+    # This server has no runtime: nothing can take the request.
+    with pytest.raises(Conflict, match="the profile was not started"):
+        owner.profile(job, 3)
+    with pytest.raises(Conflict, match="the profile was not started"):
+        owner.profile(job, 3)  # the failed one holds nothing back

@@ -76,3 +76,15 @@ def test_a_bad_priority_change_is_refused_with_the_field_named(
 def test_no_runtime_means_no_nodes(user_client: Callable[..., Client]) -> None:
     info = user_client().cluster()
     assert info["runtime"] == "none" and info["nodes"] == []
+
+
+def test_only_an_admin_submits_a_job_above_priority_0(user_client: Callable[..., Client]) -> None:
+    user, admin = user_client(), user_client(admin=True)
+    with pytest.raises(Forbidden) as refused:
+        user.submit({**SPEC, "priority": 5})
+    assert refused.value.details == [
+        {"field": "priority", "message": refused.value.details[0]["message"]}
+    ]
+    assert "above 0 is for administrators" in refused.value.message
+    assert user.submit({**SPEC, "priority": -5})["priority"] == -5
+    assert admin.submit({**SPEC, "priority": 5})["priority"] == 5

@@ -93,7 +93,7 @@ def two_runs(tmp_path: Path) -> Iterator[tuple[Settings, str, list[str]]]:
 def test_two_runs_compare_on_shared_axes_with_their_differences(
     two_runs: tuple[Settings, str, list[str]], sandboxed_page: Sandboxed, screenshot_dir: Path
 ) -> None:
-    settings, token, _ = two_runs
+    settings, token, (fast, _) = two_runs
     page = sandboxed_page.page
     with run_server(settings) as server:
         sign_in(page, server.url, token)
@@ -114,6 +114,12 @@ def test_two_runs_compare_on_shared_axes_with_their_differences(
         expect(lr).to_contain_text("0.01")
         expect(lr).to_contain_text("0.03")
         assert page.locator("#compare-diff tbody tr", has_text="parallel.dp").count() == 0
+        page.goto(f"{server.url}/#/compare/{fast},nosuchjob")
+        expect(page.locator("#compare-error")).to_have_text(
+            "Cannot compare these jobs: no job nosuchjob"
+        )
+        page.go_back()
+        expect(page.locator("#compare-jobs tbody tr")).to_have_count(2)
         shoot(page, screenshot_dir, "compare-page")  # and nothing scrolls sideways on a phone
     assert sandboxed_page.outside == []
 

@@ -96,7 +96,7 @@ class ScriptedWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         raise NotImplementedError
 
-    def profile(self, profile_id: str, steps: int) -> None:
+    def profile(self, profile_id: str, steps: int) -> int:
         raise NotImplementedError
 
 

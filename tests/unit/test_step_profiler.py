@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workers.runtime import profiling
-from workers.runtime.profiling import StepProfiler, error_file, trace_file
+from workers.runtime.profiling import AlreadyProfiling, StepProfiler, error_file, trace_file
 
 
 def train(profiler: StepProfiler, steps: range) -> None:
@@ -55,3 +55,24 @@ def test_training_that_ends_mid_profile_writes_nothing(tmp_path: Path) -> None:
     profiler.abandon()
     train(profiler, range(4, 9))  # nothing armed any more
     assert not (tmp_path / "p").exists()
+
+
+def test_one_profile_at_a_time_and_a_failing_one_never_stops_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profiler = StepProfiler(rank=2)
+    profiler.arm(tmp_path / "a", 2)
+    with pytest.raises(AlreadyProfiling):
+        profiler.arm(tmp_path / "b", 2)
+    train(profiler, range(1, 5))
+    assert trace_file(tmp_path / "a", 2).is_file()
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("profiler already enabled")
+
+    monkeypatch.setattr(torch.profiler.profile, "start", broken)
+    profiler.arm(tmp_path / "c", 2)  # the first is written: another may be armed
+    train(profiler, range(5, 9))  # its start raises: training goes on
+    said = json.loads(error_file(tmp_path / "c", 2).read_text())["error"]
+    assert said == "rank 2's profile failed: RuntimeError: profiler already enabled"
+    profiler.arm(tmp_path / "d", 1)  # and a failed one holds nothing back either

@@ -55,8 +55,9 @@ class FakeWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         self.log.append(f"fault {kind} {rank}")
 
-    def profile(self, profile_id: str, steps: int) -> None:
+    def profile(self, profile_id: str, steps: int) -> int:
         self.log.append(f"profile {profile_id} {steps}")
+        return 2
 
 
 def status(

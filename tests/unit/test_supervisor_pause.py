@@ -79,8 +79,9 @@ class PausableWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         self.calls.append(f"fault {kind} {rank}")
 
-    def profile(self, profile_id: str, steps: int) -> None:
+    def profile(self, profile_id: str, steps: int) -> int:
         self.calls.append(f"profile {profile_id} {steps}")
+        return 2
 
 
 def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:

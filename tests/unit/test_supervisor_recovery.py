@@ -73,8 +73,9 @@ class ScriptedWorkers:
     def inject_fault(self, rank: int, kind: str) -> None:
         self.calls.append(f"fault {kind} {rank}")
 
-    def profile(self, profile_id: str, steps: int) -> None:
+    def profile(self, profile_id: str, steps: int) -> int:
         self.calls.append(f"profile {profile_id} {steps}")
+        return 2
 
 
 def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
@@ -241,11 +242,11 @@ def test_a_profile_goes_to_every_rank_of_a_running_job_only(tmp_path: Path) -> N
     with pytest.raises(FaultRefused, match="STARTING"):
         sup.profile("p1", 3)
     sup._enter(sup.step())  # launch: RUNNING
-    sup.profile("p1", 3)
+    assert sup.profile("p1", 3) == 2  # the ranks asked
     assert workers.calls[-1] == "profile p1 3"
     said = events(sup)[-1]
-    assert said.message == "profile p1: recording the next 3 steps of every rank"
-    assert said.data["profile"] == "p1" and said.data["steps"] == 3
+    assert said.message == "profile p1: recording the next 3 steps of 2 rank(s)"
+    assert said.data["profile"] == "p1" and said.data["ranks"] == 2
     sup.pause()
     with pytest.raises(FaultRefused):
         sup.profile("p2", 3)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,19 @@ log = logging.getLogger(__name__)
 
 # One rank's trace: beyond this it is not kept (20 steps of a small model on CPU write a
 # few MiB; a large model's kernels on GPU, tens).
-MAX_TRACE_BYTES = 128 * 2**20
+MAX_TRACE_BYTES = 64 * 2**20
+
+
+class AlreadyProfiling(RuntimeError):
+    """This rank records a profile already (the API answers 409)."""
+
+
+def write_atomically(path: Path, text: str | Iterable[str]) -> None:
+    """`text` (or its pieces, in order) as `path`, which no reader sees half-written."""
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w", encoding="utf-8") as out:
+        out.writelines([text] if isinstance(text, str) else text)
+    os.replace(partial, path)
 
 
 def trace_file(directory: Path, rank: int) -> Path:
@@ -34,7 +47,8 @@ def error_file(directory: Path, rank: int) -> Path:
 
 class StepProfiler:
     """This rank's profile: armed with a folder and a step count, started after the next
-    step ends, stopped and written after that many more."""
+    step ends, stopped and written after that many more. Armed until it is written or
+    has failed: a second arm meanwhile is refused."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -46,31 +60,44 @@ class StepProfiler:
         self._first_step = 0
 
     def arm(self, directory: Path, steps: int) -> None:
-        """Record the next `steps` steps into `directory` (called from another thread)."""
+        """Record the next `steps` steps into `directory` (called from another thread);
+        AlreadyProfiling while another is armed or recording."""
         with self._lock:
+            if self._armed is not None:
+                raise AlreadyProfiling(f"rank {self.rank} is recording a profile already")
             self._armed = (directory, steps)
 
     def after_step(self, step: int) -> None:
-        """On the training thread, after each step."""
-        if self._active is not None:
+        """On the training thread, after each step. A profile that fails says why in
+        `rank-R.error`; training goes on."""
+        if self._armed is None:  # the usual case: one attribute read
+            return
+        try:
+            if self._active is None:
+                self._folder, self._left = self._armed
+                self._start(step + 1)
+                return
             self._left -= 1
-            if self._left == 0:
-                self._finish(step)
-            else:
+            if self._left > 0:
                 self._active.step()  # a new "ProfilerStep#n" span in the trace
-        elif self._armed is not None:
-            with self._lock:
-                (self._folder, self._left), self._armed = self._armed, None
-            self._start(step + 1)
+                return
+            self._finish(step)
+        except Exception as err:  # a profile must never stop training
+            log.exception("rank %d: the profile failed", self.rank)
+            self._error(f"rank {self.rank}'s profile failed: {type(err).__name__}: {err}")
+        self.abandon()  # written or failed: stop recording, and another may be armed
 
     def abandon(self) -> None:
-        """Training ended mid-profile: stop recording and write nothing."""
-        if self._active is not None:
+        """Stop recording, if it still does, and write nothing (also when training ends
+        mid-profile)."""
+        active, self._active = self._active, None
+        if active is not None:
             try:
-                self._active.stop()
+                active.stop()
             except Exception:  # ending anyway: nothing to save
                 log.exception("rank %d: stopping the profiler failed", self.rank)
-            self._active = None
+        with self._lock:
+            self._armed = None
 
     def _start(self, first_step: int) -> None:
         import torch
@@ -81,38 +108,37 @@ class StepProfiler:
             activities.append(ProfilerActivity.CUDA)
         self._first_step = first_step
         # A schedule that records every step: with one, each step is its own span.
-        self._active = profile(
+        active = profile(
             activities=activities,
             schedule=lambda _: ProfilerAction.RECORD,
             record_shapes=False,
             with_stack=False,
         )
-        self._active.start()
+        active.start()
+        self._active = active
         log.info("profiling steps %d-%d", first_step, first_step + self._left - 1)
 
     def _finish(self, last_step: int) -> None:
         active, self._active = self._active, None
-        folder = self._folder
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f".rank-{self.rank}.json.partial"
+        active.stop()
+        self._folder.mkdir(parents=True, exist_ok=True)
+        partial = self._folder / f".rank-{self.rank}.json.partial"
         try:
-            active.stop()
             active.export_chrome_trace(str(partial))
             size = partial.stat().st_size
             if size > MAX_TRACE_BYTES:
-                partial.unlink()
-                self._error(
-                    folder,
-                    f"the trace of rank {self.rank} is {size >> 20} MiB, over "
-                    f"the {MAX_TRACE_BYTES >> 20} MiB a trace may take; profile fewer steps",
+                raise ValueError(
+                    f"its trace is {size >> 20} MiB, over the {MAX_TRACE_BYTES >> 20} MiB "
+                    "a trace may take; profile fewer steps"
                 )
-                return
-            os.replace(partial, trace_file(folder, self.rank))
-            log.info("profile of steps %d-%d written (%d bytes)", self._first_step, last_step, size)
-        except Exception as err:  # a profile must never stop training
-            log.exception("rank %d: writing the profile failed", self.rank)
+            os.replace(partial, trace_file(self._folder, self.rank))
+        finally:
             partial.unlink(missing_ok=True)
-            self._error(folder, f"rank {self.rank} could not write its trace: {err}")
+        log.info("profile of steps %d-%d written (%d bytes)", self._first_step, last_step, size)
 
-    def _error(self, folder: Path, message: str) -> None:
-        error_file(folder, self.rank).write_text(json.dumps({"error": message}))
+    def _error(self, message: str) -> None:
+        try:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(error_file(self._folder, self.rank), json.dumps({"error": message}))
+        except OSError:
+            log.exception("rank %d: could not say why its profile failed", self.rank)

@@ -233,11 +233,13 @@ class WorkerGroup:
             raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
         ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
 
-    def profile(self, profile_id: str, steps: int) -> None:
-        """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
+    def profile(self, profile_id: str, steps: int) -> int:
+        """Have every rank record its next `steps` steps (workers/runtime/profiling.py);
+        how many ranks were asked."""
         if not self.actors:
             raise ValueError("the job's workers are being replaced; ask once RUNNING again")
         ray.get([a.profile.remote(profile_id, steps) for a in self.actors], timeout=30)
+        return len(self.actors)
 
     def request_stop(self, save: bool = False) -> None:
         for a in self.actors:

@@ -146,6 +146,7 @@ export class Chart {
   destroy() {
     this.plot?.destroy();
     this.plot = null;
+    this.zoomed = false;  // a new plot shows everything
   }
 
   // For good: another chart takes this one's box.

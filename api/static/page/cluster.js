@@ -76,7 +76,7 @@ export class ClusterPage {
         "aria-label": `Priority of ${job.name}`,
       });
       const set = el("button", { type: "button", text: "Set" });
-      set.onclick = () => this.setPriority(job, Number(input.value));
+      set.onclick = () => this.setPriority(job, input.value.trim());
       const control = el("div", { class: "set-priority" }, input, set);
       const tr = row(QUEUE_COLUMNS, [String(job.position),
         el("a", { href: `#/jobs/${job.id}`, text: job.name }), job.owner, control,
@@ -86,8 +86,14 @@ export class ClusterPage {
     }));
   }
 
-  async setPriority(job, priority) {
+  async setPriority(job, typed) {
     $("queue-error").textContent = "";
+    if (!/^-?\d{1,4}$/.test(typed)) {
+      $("queue-error").textContent =
+        `${job.name}'s priority: give a whole number from -1000 to 1000, not "${typed}"`;
+      return;
+    }
+    const priority = Number(typed);
     try {
       await api(`/v1/jobs/${encodeURIComponent(job.id)}`, { method: "PATCH", json: { priority } });
     } catch (err) {

@@ -1,7 +1,7 @@
 // Runs side by side: two or more jobs' curves overlaid on shared axes, and the settings in
 // which their specs differ.
 
-import { TERMINAL, api, el, fmt } from "./api.js";
+import { Refused, TERMINAL, api, el, fmt } from "./api.js";
 import { Chart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -34,16 +34,29 @@ export class ComparePage {
   }
 
   async refresh() {
-    const jobs = await Promise.all(this.ids.map((id) => api(`/v1/jobs/${encodeURIComponent(id)}`)));
-    const since = this.rows.map((rows) => rows.at(-1)?.step ?? 0);
-    const pages = await Promise.all(this.ids.map((id, i) =>
-      api(`/v1/jobs/${encodeURIComponent(id)}/metrics?since_step=${since[i]}&limit=10000`)));
+    let jobs, pages;
+    try {
+      jobs = await Promise.all(this.ids.map((id) => api(`/v1/jobs/${encodeURIComponent(id)}`)));
+      const since = this.rows.map((rows) => rows.at(-1)?.step ?? 0);
+      pages = await Promise.all(this.ids.map((id, i) =>
+        api(`/v1/jobs/${encodeURIComponent(id)}/metrics?since_step=${since[i]}&limit=10000`)));
+    } catch (err) {
+      if (!(err instanceof Refused)) throw err;  // signed out or offline: the page says so
+      $("compare-error").textContent = `Cannot compare these jobs: ${err.message}`;
+      return false;
+    }
+    if (this.disposed) return false;
     pages.forEach((page, i) => this.rows[i].push(...page.metrics));
     if (this.charts === null) this.makeCharts(jobs);
     this.renderJobs(jobs);
     this.renderDiff(jobs);
     this.draw();
     return jobs.some((job) => !TERMINAL.has(job.state));  // polled while any still runs
+  }
+
+  dispose() {
+    this.disposed = true;
+    for (const chart of this.charts ?? []) chart.dispose();
   }
 
   makeCharts(jobs) {

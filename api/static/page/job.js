@@ -73,21 +73,28 @@ export class JobPage {
     // The job first: if it has ended, what is read after it is complete.
     const job = await api(base);
     if (this.parent === undefined) await this.loadParent(job);
+    const term = $("log-search").value.trim();
+    // A search reads up to 64 MiB of log on the server: once in 10 s, or when it changes.
+    const searchDue = !term || term !== this.searched?.term || Date.now() - this.searched.at > 10_000;
     const rank = $("rank").value || "0";
     const logQuery = new URLSearchParams({ rank, tail: String(LOG_LINES) });
-    if ($("log-search").value.trim()) logQuery.set("contains", $("log-search").value.trim());
+    if (term) logQuery.set("contains", term);
     const [events, metrics, checkpoints, logs] = await Promise.all([
       api(`${base}/events?after=${this.lastEventId}&limit=1000`),
       api(`${base}/metrics?since_step=${this.lastStep}&limit=10000`),
       api(`${base}/checkpoints`),
-      api(`${base}/logs?${logQuery}`),
+      searchDue ? api(`${base}/logs?${logQuery}`) : null,
     ]);
+    if (this.disposed) return false;  // another page took over while this one read
     this.job = job;
     this.renderJob(job);
     this.addEvents(events.events);
     this.addMetrics(metrics.metrics);
     this.renderCheckpoints(checkpoints.checkpoints);
-    this.renderLogs(logs);
+    if (logs) {
+      this.renderLogs(logs);
+      this.searched = term ? { term, at: Date.now() } : null;
+    }
     if (TERMINAL.has(job.state)) this.drawCharts();  // "nothing was logged", if so
     return !TERMINAL.has(job.state);  // a finished job is not polled any more
   }
@@ -99,14 +106,22 @@ export class JobPage {
     this.parent = null;
     if (!from) return;
     const base = `/v1/jobs/${encodeURIComponent(from.job_id)}`;
-    let parent, metrics;
+    const upTo = from.step ?? Infinity;
+    let parent;
+    const rows = [];
     try {
-      [parent, metrics] = await Promise.all([api(base), api(`${base}/metrics?limit=10000`)]);
+      parent = await api(base);
+      // Page through its metrics up to the step this job started from.
+      for (let since = 0; ;) {
+        const page = (await api(`${base}/metrics?since_step=${since}&limit=10000`)).metrics;
+        rows.push(...page.filter((r) => r.step <= upTo));
+        if (page.length < 10000 || page.at(-1).step >= upTo) break;
+        since = page.at(-1).step;
+      }
     } catch {
       return;  // gone, or not this user's to see: the job's own curve stands alone
     }
-    const upTo = from.step ?? Infinity;
-    this.parent = { job: parent, rows: metrics.metrics.filter((r) => r.step <= upTo) };
+    this.parent = { job: parent, rows };
     const link = $("parent-link");
     link.replaceChildren("Continues ", el("a", { href: `#/jobs/${parent.id}`, text: parent.name }),
       ` from ${from.step ? `its step ${from.step}` : "its newest checkpoint"} (its curve in grey).`);
@@ -114,6 +129,12 @@ export class JobPage {
     this.charts[0].dispose();
     this.charts[0] = new Chart($("loss-chart"), [...LOSS_SERIES,
       { key: "parent_loss", label: `${parent.name} (before)`, color: "#9aa3b2" }], { marked: true });
+  }
+
+  dispose() {
+    this.disposed = true;
+    for (const chart of this.charts) chart.dispose();
+    this.profiling.stop();
   }
 
   async act(verb, question) {

@@ -21,6 +21,7 @@ function showOnly(sectionId) {
 
 function showLogin(rejected) {
   clearTimeout(timer);
+  view?.dispose?.();
   view = null;
   $("offline").hidden = true;
   $("login-rejected").hidden = !rejected;
@@ -29,6 +30,8 @@ function showLogin(rejected) {
 }
 
 function open() {
+  view?.dispose?.();  // its charts stop watching their boxes, its timers stop
+  view = null;
   if (!token.get()) return showLogin(false);
   let shown;
   const match = location.hash.match(/^#\/jobs\/([\w.-]+)$/);

@@ -34,10 +34,17 @@ export class ProfileControl {
     this.follow();
   }
 
+  stop() {
+    this.stopped = true;  // the page moved on: no more polls, no more writes to it
+    clearTimeout(this.timer);
+  }
+
   async follow() {
+    if (this.stopped) return;
     const p = this.current;
     try {
       this.current = await api(`${this.base}/profiles/${p.id}`);
+      if (this.stopped) return;
     } catch (err) {
       $("profile-state").textContent = `Profile ${p.id}: ${err.message}`;
       return;
@@ -47,7 +54,7 @@ export class ProfileControl {
     if (now.state === "recording") {
       $("profile-state").textContent =
         `Recording ${now.steps} steps: ${now.ranks_done.length} of ${now.world_size} ranks done`;
-      setTimeout(() => this.follow(), FOLLOW_MS);
+      this.timer = setTimeout(() => this.follow(), FOLLOW_MS);
     } else if (now.state === "done") {
       $("profile-state").textContent = `Profile of ${now.steps} steps on ${now.world_size} rank(s):`;
       $("profile-trace").hidden = false;
@@ -57,6 +64,7 @@ export class ProfileControl {
   }
 
   async download() {
+    if (this.current?.state !== "done") return;
     const name = `profile-${this.jobId}-${this.current.id}.json`;
     const failed = await download(this.current.trace, name);
     if (failed) $("profile-state").textContent = `Could not download the trace: ${failed}`;

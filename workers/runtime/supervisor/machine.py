@@ -61,8 +61,7 @@ class JobSupervisor:
         failures: int = 0,
         recovering: bool = False,
     ) -> None:
-        """`recorded_step` and `failures` are what the database holds; `recovering`: this
-        supervisor replaces a lost one (the job is RESTARTING)."""
+        """`recorded_step`, `failures`: the database's; `recovering`: replaces a lost one."""
         self.layout = layout
         self.job_id = layout.job_id
         self.spec = JobSpec.model_validate_json(spec_json)
@@ -130,11 +129,12 @@ class JobSupervisor:
         message = f"fault injected: {self.recoveries.inject(fault.value, rank)}"
         self.relay.event(Event(EventKind.FAULT_INJECTED, message, {"fault": kind, "rank": rank}))
 
-    def profile(self, profile_id: str, steps: int) -> None:
+    def profile(self, profile_id: str, steps: int) -> int:
         """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
-        self._running().profile(profile_id, steps)
-        said = f"profile {profile_id}: recording the next {steps} steps of every rank"
-        self.relay.event(Event(EventKind.PROFILE, said, {"profile": profile_id, "steps": steps}))
+        ranks = self._running().profile(profile_id, steps)
+        said = f"profile {profile_id}: recording the next {steps} steps of {ranks} rank(s)"
+        self.relay.event(Event(EventKind.PROFILE, said, {"profile": profile_id, "ranks": ranks}))
+        return ranks
 
     def _running(self) -> Workers:  # to ask something of a RUNNING job's workers
         if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
