@@ -117,7 +117,11 @@ export class Chart {
       scales: { x: { time: false }, y: { distr: this.log ? 3 : 1 } },
       axes: [
         { label: "step", size: 36 },
-        { size: 60, values: (u, splits, axis, space, incr) => splits.map((v) => tick(v, incr)) },
+        {
+          values: (u, splits, axis, space, incr) => splits.map((v) => tick(v, incr)),
+          // As wide as its longest label (about 7 px a character at the axis font).
+          size: (u, values) => 16 + 7 * Math.max(4, ...(values ?? []).map((v) => v.length)),
+        },
       ],
       series: [
         { label: "step" },
