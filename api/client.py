@@ -223,13 +223,7 @@ class Client:
 
     def download_log(self, job_id: str, dest: str | Path, rank: int = 0) -> Path:
         """A rank's whole log, as far as it has been written, saved to `dest`."""
-        with (
-            self._stream(f"/v1/jobs/{job_id}/logs/download", {"rank": rank}) as response,
-            Path(dest).open("wb") as out,
-        ):
-            for chunk in response.iter_bytes():
-                out.write(chunk)
-        return Path(dest)
+        return self._save(f"/v1/jobs/{job_id}/logs/download", {"rank": rank}, dest)
 
     def follow_logs(self, job_id: str, rank: int = 0, tail: int = 200) -> Iterator[str]:
         """The last `tail` lines of a rank's log, then each new line until the job ends."""
@@ -242,10 +236,11 @@ class Client:
         """Download a checkpoint (`step`, or the newest) as a zipped Hugging Face folder."""
         params = {"step": step} if step is not None else {}
         # The server converts before it answers: no read timeout for a big model.
-        with (
-            self._stream(f"/v1/jobs/{job_id}/export", params) as response,
-            Path(dest).open("wb") as out,
-        ):
+        return self._save(f"/v1/jobs/{job_id}/export", params, dest)
+
+    def _save(self, path: str, params: dict[str, Any], dest: str | Path) -> Path:
+        """A streamed GET written to `dest`."""
+        with self._stream(path, params) as response, Path(dest).open("wb") as out:
             for chunk in response.iter_bytes():
                 out.write(chunk)
         return Path(dest)
@@ -281,13 +276,7 @@ class Client:
 
     def profile_trace(self, job_id: str, profile_id: str, dest: str | Path) -> Path:
         """Download a done profile's merged Chrome trace to `dest`."""
-        with (
-            self._stream(f"/v1/jobs/{job_id}/profiles/{profile_id}/trace", {}) as response,
-            Path(dest).open("wb") as out,
-        ):
-            for chunk in response.iter_bytes():
-                out.write(chunk)
-        return Path(dest)
+        return self._save(f"/v1/jobs/{job_id}/profiles/{profile_id}/trace", {}, dest)
 
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")

@@ -52,7 +52,7 @@ def record(store: JobStore, job_id: str, lr: float, slow: float) -> None:
     """What a supervisor of a dp=2 job reports: where its ranks run and each step."""
     placed = EventEntry(
         message="placement group ready: 2 ranks on 1 node(s)",
-        data={"kind": "placement", "nodes": [NODE], "ranks": [NODE, NODE]},
+        data={"kind": "placement", "nodes": [NODE], "ranks": [0, 0]},
         seq=1,
     )
     steps = [

@@ -23,7 +23,7 @@ class EventKind(StrEnum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, save_s, blocking_s
     SAVE_FAILED = "save_failed"  # an async save failed (training goes on): step
     # The supervisor:
-    PLACEMENT = "placement"  # the placement group is ready: nodes, ranks (each one's node)
+    PLACEMENT = "placement"  # placement group ready: nodes, ranks (each one's index in nodes)
     WAITING = "waiting"  # the job waits for capacity: world_size
     WORKERS_STARTED = "workers_started"  # world_size, warm_spares
     FAILURE = "failure"  # a real failure, counted against max_failures: retry, failures

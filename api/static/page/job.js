@@ -183,7 +183,10 @@ export class JobPage {
   addEvents(events) {
     this.events.push(...events);
     for (const event of events) {
-      if (event.data?.kind === "placement" && event.data.ranks) this.rankNodes = event.data.ranks;
+      if (event.data?.kind === "placement" && event.data.ranks) {
+        // Each rank's node, as an index into the event's distinct nodes.
+        this.rankNodes = event.data.ranks.map((i) => event.data.nodes[i]);
+      }
     }
     if (events.some((e) => ["recovery", "checkpoint_committed"].includes(e.data?.kind)
       || e.kind === "state")) {

@@ -182,8 +182,7 @@ class JobSupervisor:
         self.state = nxt.state
 
     def _on_error(self, error: str) -> Next:
-        """An exception in a step: a failure of the job, unless it was letting go anyway
-        (cancelling or pausing), which then ends as asked."""
+        """A step raised: the job failed, unless it was letting go (cancel, pause) anyway."""
         try:
             if self.state in (JobState.CANCELLING, JobState.PAUSING):
                 self.workers.release()
@@ -206,9 +205,10 @@ class JobSupervisor:
         if placed is None:  # cancelled while waiting for capacity
             return Next(JobState.CANCELLING, "cancel requested while waiting for capacity")
         self.recoveries.nodes, self.running = placed
-        ranks, nodes = len(placed[0]), sorted(set(placed[0]))
-        message = f"placement group ready: {ranks} ranks on {len(nodes)} node(s)"
-        self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": placed[0]}))
+        nodes = sorted(set(placed[0]))
+        where = [nodes.index(node) for node in placed[0]]  # each rank's, as an index: small
+        message = f"placement group ready: {len(where)} ranks on {len(nodes)} node(s)"
+        self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": where}))
         try:
             self.workers.start(JOIN_TIMEOUT_S, cancelled=self._cancel.is_set)
         except StartCancelled:
@@ -219,10 +219,10 @@ class JobSupervisor:
             Event(
                 EventKind.WORKERS_STARTED,
                 f"workers {verb}" + (" on warm spares" if warm else ""),
-                {"world_size": ranks, "warm_spares": warm},
+                {"world_size": len(where), "warm_spares": warm},
             )
         )
-        return Next(JobState.RUNNING, f"{ranks} workers {verb}")
+        return Next(JobState.RUNNING, f"{len(where)} workers {verb}")
 
     def _watch(self) -> Next:
         # A rank that cannot answer (stopped, wedged in C++) is caught within the hang limit.
