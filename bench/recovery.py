@@ -6,16 +6,20 @@ and waits for it to end. Prints one JSON line per kind: the job's end state, the
 event's MTTR (failure to the first new step), steps lost, seconds lost, and the job's
 goodput as GET /v1/jobs/{id} shows it.
 
-    .venv/bin/python -m bench.recovery [KIND ...]     (kinds: kill hang raise nan supervisor)
+    .venv/bin/python -m bench.recovery [KIND ...] [--trials N]
+        (kinds: kill hang raise nan supervisor; with N > 1, a summary line per kind:
+        p50 and p99 MTTR, mean steps lost and goodput)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
 import os
 import signal
-import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -101,20 +105,51 @@ def measure(client: Client, state_dir: Path, kind: str) -> dict[str, Any]:
         "seconds_lost": round(end["seconds_lost"], 2),
         "goodput": round(end["goodput"], 3) if end["goodput"] is not None else None,
         "every_step_once": steps == list(range(1, SPEC["train"]["steps"] + 1)),
+        # Where it was not: the steps never recorded, and those recorded twice.
+        "missing": sorted(set(range(1, SPEC["train"]["steps"] + 1)) - set(steps)),
+        "repeated": sorted({s for s in steps if steps.count(s) > 1}),
         "cause": recoveries[0]["cause"] if recoveries else end["failure_reason"],
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile (of 10 trials, p99 is the slowest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summary(kind: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    mttr = [t["mttr_s"] for t in trials if t["mttr_s"] is not None]
+    return {
+        "fault": kind,
+        "trials": len(trials),
+        "succeeded": sum(t["state"] == "SUCCEEDED" for t in trials),
+        "every_step_once": all(t["every_step_once"] for t in trials),
+        "mttr_p50_s": round(percentile(mttr, 50), 2) if mttr else None,
+        "mttr_p99_s": round(percentile(mttr, 99), 2) if mttr else None,
+        "steps_lost_mean": round(statistics.mean(t["steps_lost"] for t in trials), 1),
+        "goodput_mean": round(statistics.mean(t["goodput"] or 0.0 for t in trials), 3),
     }
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
-    kinds = sys.argv[1:] or list(KINDS)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kinds", nargs="*", default=list(KINDS), help=f"of {', '.join(KINDS)}")
+    parser.add_argument("--trials", type=int, default=1, help="jobs per kind (default 1)")
+    args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
         local_service(Path(state)) as svc,
         svc.client() as client,
     ):
-        for kind in kinds:
-            print(json.dumps(measure(client, Path(state), kind)), flush=True)
+        for kind in args.kinds:
+            trials = []
+            for _ in range(args.trials):
+                trials.append(measure(client, Path(state), kind))
+                print(json.dumps(trials[-1]), flush=True)
+            if args.trials > 1:
+                print(json.dumps(summary(kind, trials)), flush=True)
     # Node loss needs a cluster of several nodes, which the embedded head (loopback, one
     # node) is not: tests/e2e/test_elastic.py runs it on two `ray start` nodes.
     skipped = "needs several Ray nodes; tests/e2e/test_elastic.py covers node loss"

@@ -1,0 +1,38 @@
+"""bench/recovery.py's figures over trials: nearest-rank percentiles (of 10 trials, p99 is
+the slowest) and the per-kind summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.recovery import percentile, summary
+
+
+def trial(mttr: float | None, lost: int = 2, done: bool = True) -> dict[str, Any]:
+    return {
+        "state": "SUCCEEDED" if done else "FAILED",
+        "mttr_s": mttr,
+        "steps_lost": lost,
+        "goodput": 0.9,
+        "every_step_once": done,
+    }
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    ten = [float(v) for v in (7, 1, 3, 10, 2, 9, 4, 8, 6, 5)]
+    assert (percentile(ten, 50), percentile(ten, 99), percentile(ten, 90)) == (5.0, 10.0, 9.0)
+    assert percentile([4.0], 99) == 4.0
+
+
+def test_the_summary_counts_every_trial() -> None:
+    got = summary("kill", [trial(1.2), trial(3.4, lost=4), trial(None, done=False)])
+    assert got == {
+        "fault": "kill",
+        "trials": 3,
+        "succeeded": 2,
+        "every_step_once": False,
+        "mttr_p50_s": 1.2,
+        "mttr_p99_s": 3.4,
+        "steps_lost_mean": 2.7,
+        "goodput_mean": 0.9,
+    }
