@@ -34,6 +34,7 @@ def test_each_node_lists_the_ranks_each_job_holds_there() -> None:
     groups = {
         "pg1": group("shardline-job-j1", "CREATED", {0: "a", 1: "a", 2: "b"}),
         "pg2": group("shardline-job-j2", "PENDING", {}),  # not placed yet: holds nothing
+        "pg4": group("shardline-job-j3", "REMOVED", {0: "a"}),  # given back: nothing either
         "pg3": group("someone-else", "CREATED", {0: "a"}),  # not this service's
     }
     a, b = nodes_view(nodes, groups)
