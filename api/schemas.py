@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from service.job_views import JobView
 from service.models import Checkpoint, Job, JobEvent
+from service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
 from workers.contract.faults import FaultKind
 from workers.contract.scalars import refuse_coercion
 
@@ -268,7 +269,7 @@ class ProfileCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: Annotated[int, Field(ge=1, le=20)] = 3
+    steps: Annotated[int, Field(ge=1, le=MAX_PROFILE_STEPS)] = 3
 
     @field_validator("steps", mode="before")
     @classmethod

@@ -25,7 +25,7 @@ from typing import Any
 from service.store import StoreError
 from workers.runtime.profiling import trace_file, write_atomically
 
-MAX_STEPS = 20
+MAX_STEPS = 20  # a profile's steps, at most (ProfileCreate's bound)
 # A backstop for a rank that never writes (its job's own hang detection restarts a stuck
 # rank long before, which ends the profile sooner).
 RECORDING_LIMIT_S = 3600.0

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from service.loop import PeriodicLoop
 from service.models import Job
@@ -252,7 +253,12 @@ class Scheduler(PeriodicLoop):
             log.info("job %s not failed: %s", job.id, err)
 
 
-def admission_key(job: Job) -> tuple[int, datetime]:
+class Ordered(Protocol):
+    priority: int
+    created_at: datetime
+
+
+def admission_key(job: Ordered) -> tuple[int, datetime]:
     """The order queued jobs are considered in: higher priority first, then older first."""
     return -job.priority, _utc(job.created_at)
 

@@ -17,6 +17,7 @@ from api.errors import ApiError
 from api.openapi import error_responses, request_body
 from api.schemas import ProfileCreate, ProfilePublic
 from service.config import Settings
+from service.models import Job
 from service.principal import Viewer
 from service.profiles import Profiles, ProfileState
 from service.runtime import FaultNotDelivered
@@ -45,13 +46,15 @@ def _public(job_id: str, p: ProfileState) -> ProfilePublic:
 
 def _profiles(
     job_id: str, user: Viewer, store: JobStore, settings: Settings
-) -> tuple[Profiles, int | None, int]:
-    """The job's profiles (404 for a job the user may not see), its version while it is
-    RUNNING (None otherwise: no profile can finish then), and its ranks as specified."""
+) -> tuple[Profiles, Job]:
+    """The job's profiles and the job (404 for a job the user may not see)."""
     job = store.get(job_id, user)
-    world = JobSpec.model_validate(job.spec).parallel.world_size
-    version = job.version if job.state == JobState.RUNNING else None
-    return Profiles(settings.job_layout(job.id).profiles_dir), version, world
+    return Profiles(settings.job_layout(job.id).profiles_dir), job
+
+
+def _running_version(job: Job) -> int | None:
+    """The job's version while it is RUNNING; None otherwise (no profile can finish then)."""
+    return job.version if job.state == JobState.RUNNING else None
 
 
 @router.post(
@@ -80,12 +83,13 @@ async def start_profile(
     )
 
     def begin() -> ProfilePublic:
-        profiles, version, world = _profiles(job_id, user, store, settings)
+        profiles, job = _profiles(job_id, user, store, settings)
+        version = _running_version(job)
         if version is None:
-            state = store.get(job_id, user).state
             raise ApiError(
-                409, "conflict", f"job {job_id} is {state}; only a RUNNING job can be profiled"
+                409, "conflict", f"job {job_id} is {job.state}; only a RUNNING job can be profiled"
             )
+        world = JobSpec.model_validate(job.spec).parallel.world_size
         profile_id = profiles.begin(asked.steps, world, version)
         try:
             # A shrunk elastic job runs fewer ranks than its spec: wait for those only.
@@ -104,8 +108,8 @@ def profile_state(
     job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
 ) -> ProfilePublic:
     """How far a profile is: `recording`, `done` (with `trace`) or `failed` (with `error`)."""
-    profiles, version, _ = _profiles(job_id, user, store, settings)
-    return _public(job_id, profiles.state(profile_id, version))
+    profiles, job = _profiles(job_id, user, store, settings)
+    return _public(job_id, profiles.state(profile_id, _running_version(job)))
 
 
 @router.get(
@@ -120,8 +124,8 @@ def profile_trace(
     job_id: str, profile_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
 ) -> FileResponse:
     """Every rank's trace in one Chrome trace: each rank is a process named "rank R"."""
-    profiles, version, _ = _profiles(job_id, user, store, settings)
-    state = profiles.state(profile_id, version)
+    profiles, job = _profiles(job_id, user, store, settings)
+    state = profiles.state(profile_id, _running_version(job))
     if state.state != "done":
         why = f": {state.error}" if state.error else "; wait until it is done"
         raise ApiError(409, "conflict", f"profile {profile_id} is {state.state}{why}")
