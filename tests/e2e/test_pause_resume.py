@@ -21,7 +21,7 @@ from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
-STEPS = 30  # enough to pause mid-run and go on after the resume
+STEPS = 60  # enough to pause mid-run on a loaded machine (CI saw 30 end first) and go on
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 # Generous limits: a loaded 2-core machine is slow, and the assertions are about what
 # happened, not how fast.
@@ -89,8 +89,11 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
 
 
 def test_a_pause_then_a_cancel_ends_cancelled_and_holds_nothing(service: ServiceFactory) -> None:
+    # Far more steps than the pause and cancel can take to land, even on a loaded machine
+    # (with 30, CI's job once finished first, and a finished job cannot be cancelled).
+    body = {**BODY, "train": {**BODY["train"], "steps": 100_000}}
     with service() as svc, svc.running() as server, svc.client(server) as c:
-        job = c.submit(BODY)
+        job = c.submit(body)
         wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
         c.pause(job["id"])
         time.sleep(0.3)
