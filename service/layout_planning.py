@@ -75,9 +75,13 @@ def _describe(p: PlannedLayout) -> str:
 
 
 def auto_base(spec: JobSpec) -> JobSpec:
-    """The spec the planner varies: the default layout, auto off (the bounds kept aside)."""
-    keep = spec.parallel.fsdp_mixed_precision
-    return spec.model_copy(update={"parallel": ParallelSpec(fsdp_mixed_precision=keep)})
+    """The spec the planner varies: the default layout, auto off (the bounds kept aside),
+    with the spec's own choices that are not layout (mixed precision, compression)."""
+    par = spec.parallel
+    kept = ParallelSpec(
+        fsdp_mixed_precision=par.fsdp_mixed_precision, grad_compression=par.grad_compression
+    )
+    return spec.model_copy(update={"parallel": kept})
 
 
 def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[JobSpec, Event]:

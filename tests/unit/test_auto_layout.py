@@ -44,6 +44,13 @@ def test_the_choice_is_the_fastest_within_the_bounds() -> None:
     assert free.parallel.world_size == 4 and not free.parallel.auto
 
 
+def test_the_chosen_layout_keeps_the_specs_gradient_compression() -> None:
+    wanted = {"auto": True, "grad_compression": {"kind": "bf16"}}
+    chosen, _ = pick_layout(spec(wanted), [4], DEFAULT_RATES["cpu"])
+    assert chosen.parallel.grad_compression.kind == "bf16"
+    assert chosen.parallel.world_size == 4
+
+
 def test_no_legal_layout_is_said() -> None:
     with pytest.raises(NoLayout, match="no legal layout that fits on up to 3 ranks"):
         pick_layout(spec("auto"), [3], DEFAULT_RATES["cpu"])  # 8 rows do not split in 3

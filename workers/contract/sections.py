@@ -10,17 +10,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
+from workers.contract.grad_compression import GradCompression, GradCompressionKind
 from workers.contract.presets import PRESETS, ffn_hidden_dim
-from workers.contract.scalars import field_kinds, refuse_coercion
+from workers.contract.strict import _Strict
 
 # Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
 # instead of an out-of-memory crash hours later.
@@ -33,37 +27,6 @@ MAX_MICRO_BATCH_TOKENS = 1 << 22
 MAX_GLOBAL_BATCH_TOKENS = 1 << 30
 # data.tokenizer's value for "the tokenizer.json beside model.init_from".
 INIT_FROM = "init_from"
-
-
-class _Strict(BaseModel):
-    # allow_inf_nan=False: JSON has no Infinity or NaN, and a spec must survive the
-    # database and every reader of it (one unreadable spec once stopped all scheduling).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_coercion(cls, value: Any, info: ValidationInfo) -> Any:
-        """A quoted number is no number, and true is not 1 (workers/contract/scalars.py)."""
-        if info.field_name is None:
-            return value
-        return refuse_coercion(field_kinds(cls, info.field_name), value)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _text_is_storable(cls, value: Any) -> Any:
-        """Strings must encode as UTF-8 and hold no NUL: the database, JSON responses and
-        file paths all need that, so such a value is refused here and never stored."""
-        if isinstance(value, str):
-            if "\x00" in value:
-                raise ValueError("contains a NUL character; remove it")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise ValueError(
-                    f"is not valid Unicode text (a lone surrogate at position {err.start}); "
-                    "remove that character"
-                ) from None
-        return value
 
 
 class DataSource(StrEnum):
@@ -189,6 +152,8 @@ class ParallelSpec(_Strict):
     # bf16 jobs at zero_stage 2/3: FSDP gathers bf16 parameters (half the bytes) and
     # reduces gradients in fp32; the shards stay fp32. Ignored elsewhere.
     fsdp_mixed_precision: bool = True
+    # How data-parallel ranks send gradients (workers/contract/grad_compression.py).
+    grad_compression: GradCompression = GradCompression()
     # The service chooses the layout at submit (the fastest the cost model predicts on the
     # ranks the cluster has free), within these bounds; `parallel: auto` is short for it.
     # The stored spec holds the chosen layout, with auto off.
@@ -214,7 +179,16 @@ class ParallelSpec(_Strict):
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel needs parallel.tp > 1")
-        given = sorted(self.model_fields_set - {"auto", "max_tp", "max_pp", "fsdp_mixed_precision"})
+        if self.grad_compression.kind == GradCompressionKind.powersgd and (
+            self.auto or self.tp > 1 or self.pp > 1 or self.zero_stage > 1
+        ):
+            raise ValueError(
+                "parallel.grad_compression.kind='powersgd' runs as DDP's communication hook, "
+                "and only layouts without tp or pp at zero_stage 0 or 1 train under DDP; "
+                "choose such a layout (auto: false, tp: 1, pp: 1) or use kind 'bf16'"
+            )
+        free = {"auto", "max_tp", "max_pp", "fsdp_mixed_precision", "grad_compression"}
+        given = sorted(self.model_fields_set - free)
         if self.auto and given:
             raise ValueError(
                 f"parallel.auto chooses the layout: drop parallel.{', parallel.'.join(given)}, "

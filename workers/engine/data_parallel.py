@@ -34,13 +34,19 @@ def syncs_grads_after_backward(*, dp: int, zero_stage: int, pp: int, tp: int) ->
     return dp > 1 and zero_stage <= 1 and (pp > 1 or tp > 1)
 
 
-def all_reduce_grads(params: Iterable[nn.Parameter], dp_mesh: DeviceMesh) -> None:
-    """Average this rank's gradients over data-parallel ranks, in one flat collective."""
+def all_reduce_grads(
+    params: Iterable[nn.Parameter], dp_mesh: DeviceMesh, dtype: torch.dtype | None = None
+) -> None:
+    """Average this rank's gradients over data-parallel ranks, in one flat collective
+    (sent as `dtype` if given: bf16 halves the bytes)."""
     grads = local_grads(params)
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=dp_mesh.get_group())
+    sent = flat if dtype is None else flat.to(dtype)
+    dist.all_reduce(sent, group=dp_mesh.get_group())
+    if sent is not flat:
+        flat.copy_(sent)
     flat /= dp_mesh.size()
     offset = 0
     for g in grads:
@@ -56,12 +62,14 @@ def apply_data_parallel(
     device: torch.device,
     sync_after_backward: bool = False,
     param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Wrap or shard `model` over `dp_mesh`; returns the module to call for training.
 
     With `sync_after_backward` (see `syncs_grads_after_backward`) replicated stages are
     left unwrapped and the caller all-reduces their gradients. `param_dtype` (zero 2/3
-    only) is the dtype FSDP gathers parameters in; gradients are still reduced in fp32.
+    only) is the dtype FSDP gathers parameters in; gradients are still reduced in fp32
+    unless `reduce_dtype` (the job's bf16 grad_compression) says otherwise.
     """
     dp = dp_mesh.size()
     if dp == 1:
@@ -86,7 +94,8 @@ def apply_data_parallel(
     # reduce_dtype fp32: low-precision gathers halve the bytes, but summing gradients
     # over ranks in bf16 would lose the small ones.
     mp_policy = MixedPrecisionPolicy(
-        param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype or (torch.float32 if param_dtype else None),
     )
     layers = getattr(model, "layers", None)
     blocks: Iterable[nn.Module] = layers.values() if isinstance(layers, nn.ModuleDict) else ()
@@ -101,4 +110,6 @@ def apply_data_parallel(
         dp,
         f", gathering {param_dtype} parameters" if param_dtype else "",
     )
+    if reduce_dtype is not None:
+        log.info("FSDP reduce-scatters gradients in %s", reduce_dtype)
     return model

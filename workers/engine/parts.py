@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from workers.contract.grad_compression import GradCompressionKind
 from workers.contract.sections import Precision
 from workers.contract.spec import JobSpec
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
@@ -100,12 +101,20 @@ def build_model_parts(
             device=device,
             sync_after_backward=dims.syncs_grads_after_backward,
             param_dtype=fsdp_param_dtype(spec),
+            reduce_dtype=grad_reduce_dtype(spec),
         )
         if sharded:
             materialise(piece, source=source, device=device)
         modules.append(module)
     num_stages = dims.pp * virtual if dims.pp > 1 else 1
     return ModelParts(modules, [s for s, _ in pieces], num_stages, flops)
+
+
+def grad_reduce_dtype(spec: JobSpec) -> torch.dtype | None:
+    """bf16 where the job compresses gradients to bf16; else each path's own default."""
+    if spec.parallel.grad_compression.kind == GradCompressionKind.bf16:
+        return torch.bfloat16
+    return None
 
 
 def fsdp_param_dtype(spec: JobSpec) -> torch.dtype | None:

@@ -30,13 +30,14 @@ from workers.engine.data import build_loader
 from workers.engine.data_parallel import all_reduce_grads
 from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
+from workers.engine.grad_compression import grad_traffic
 from workers.engine.hf_weights import load_init_from
 from workers.engine.loss import cross_entropy, loss_context
 from workers.engine.model import ModelArgs
 from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.optimizer import Optimizers
 from workers.engine.parallel import ParallelDims
-from workers.engine.parts import build_model_parts
+from workers.engine.parts import build_model_parts, grad_reduce_dtype
 from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
@@ -98,6 +99,13 @@ class Trainer:
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
         self.clock = StepClock(device)
         self._params = self.parts.parameters()  # fixed once built: not listed per step
+        self.traffic, compression_state = grad_traffic(
+            self.parts.modules,
+            self._params,
+            compression=spec.parallel.grad_compression,
+            dims=self.dims,
+        )
+        self._reduce_dtype = grad_reduce_dtype(spec)
         self._logged_local: list[float] = []  # this rank's memory and parts, logged steps
         self.pipeline = None
         if self.dims.pp > 1:
@@ -125,7 +133,11 @@ class Trainer:
             spec.checkpoint,
             where,
             tensors=ModelAndOptimizer(self.parts, self.optimizers),
-            small={"scaler": self.scaler, "rng": RngState()},
+            small={
+                "scaler": self.scaler,
+                "rng": RngState(),
+                **({"powersgd": compression_state} if compression_state else {}),
+            },
             info={
                 "layout": self.layout,
                 "spec": spec.model_dump(mode="json"),
@@ -220,7 +232,7 @@ class Trainer:
             local_loss = self._forward_backward(rows)
         if self.dims.syncs_grads_after_backward:
             with clock.part("comm"):
-                all_reduce_grads(self._params, self.dp_mesh)
+                all_reduce_grads(self._params, self.dp_mesh, self._reduce_dtype)
         if self.grad_hook is not None:
             self.grad_hook(step, self.parts.modules)
 
@@ -277,6 +289,9 @@ class Trainer:
             "step_time_s": step_time,
             "mfu": self._mfu(tokens_per_s),
         }
+        self.traffic.step_done()
+        if logged and self.dims.dp > 1:  # the mean over the steps since the last logged one
+            metrics["grad_bytes"] = self.traffic.take_per_step()
         if self.scaler.enabled:
             metrics.update(
                 loss_scale=self.scaler.scale,

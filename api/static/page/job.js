@@ -62,6 +62,8 @@ export class JobPage {
       new Chart($("mfu-chart"), [{ key: "mfu", label: "MFU", color: "#2f5fd0" }]),
       new Chart($("memory-chart"), MEMORY_KINDS.map(([key, color]) => ({ key, label: key, color })),
         { value: gib }),
+      new Chart($("traffic-chart"), [{ key: "grad_bytes", label: "MiB", color: "#2f5fd0" }],
+        { value: (row) => (row.grad_bytes ?? NaN) / 2 ** 20 }),
     ];
     $("smoothing").oninput = () => this.drawCharts();
     $("log-scale").onchange = () => this.drawCharts();
@@ -237,6 +239,7 @@ export class JobPage {
     };
     $("mfu-figure").hidden = !this.metrics.some((r) => Number.isFinite(r.mfu));
     $("memory-figure").hidden = !this.metrics.some((r) => r.mem_bytes);
+    $("traffic-figure").hidden = !this.metrics.some((r) => r.grad_bytes > 0);
     // The parent's steps before this job's own, where it has one (they never overlap).
     const first = this.metrics[0]?.step ?? Infinity;
     const before = (this.parent?.rows ?? []).filter((r) => r.step < first)

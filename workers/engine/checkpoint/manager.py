@@ -92,7 +92,8 @@ class CheckpointManager:
         self.tensors.load_state_dict(state)
         small = ckpt.manifest["trainer"]
         for name, part in self.small.items():
-            part.load_state_dict(small[name])
+            if name in small:  # else saved by a job without this part: it starts fresh
+                part.load_state_dict(small[name])
         self.restored = ckpt
         self.last_saved_step = int(small["step"])
         return self.last_saved_step

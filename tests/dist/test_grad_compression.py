@@ -1,0 +1,91 @@
+"""Gradient compression at dp=2: bf16 sends half the gradient bytes on every path (DDP's
+hook, FSDP's reduce dtype, the all-reduce after backward) and trains like fp32; PowerSGD
+sends a small fraction after its warm-up, learns, and a restored job goes on compressing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dist.runs import run, tiny_spec
+from workers.engine.launch import LocalCheckpoints, train_local
+
+POWERSGD = {"kind": "powersgd", "rank": 2, "warmup_steps": 3}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "sync": {"dp": 2},
+    "bf16-ddp": {"dp": 2, "grad_compression": {"kind": "bf16"}},
+    "bf16-fsdp": {"dp": 2, "zero_stage": 3, "grad_compression": {"kind": "bf16"}},
+    "bf16-tp": {"dp": 2, "tp": 2, "grad_compression": {"kind": "bf16"}},
+    "powersgd": {"dp": 2, "grad_compression": POWERSGD},
+}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, list[dict[str, Any]]]:
+    return {name: run(tiny_spec(parallel=parallel))[0] for name, parallel in LAYOUTS.items()}
+
+
+def sent(metrics: list[dict[str, Any]]) -> list[int]:
+    return [m["grad_bytes"] for m in metrics]
+
+
+def test_sync_sends_every_fp32_gradient_each_step(runs: dict[str, list[dict[str, Any]]]) -> None:
+    from workers.engine.model import ModelArgs, Transformer, count_params
+
+    spec = tiny_spec()
+    args = ModelArgs.from_resolved(spec.model.resolved())
+    whole = count_params(Transformer(args), exclude_embedding=False)
+    assert sent(runs["sync"]) == [whole * 4] * 10
+
+
+def test_bf16_halves_the_bytes_and_trains_like_fp32(runs: dict[str, list[dict[str, Any]]]) -> None:
+    full = sent(runs["sync"])[0]
+    assert sent(runs["bf16-ddp"]) == [full // 2] * 10
+    assert sent(runs["bf16-fsdp"]) == [full // 2] * 10
+    # tp=2 splits most weights too; only the norms are whole on both tp ranks.
+    assert all(full // 4 < b < full // 2 for b in sent(runs["bf16-tp"]))
+    for name in ("bf16-ddp", "bf16-fsdp", "bf16-tp"):
+        for ref, got in zip(runs["sync"], runs[name], strict=True):
+            assert got["loss"] == pytest.approx(ref["loss"], rel=0.02), (name, got["step"])
+
+
+def test_powersgd_sends_a_fraction_after_warm_up_and_learns(
+    runs: dict[str, list[dict[str, Any]]],
+) -> None:
+    full = sent(runs["sync"])[0]
+    bytes_per_step = sent(runs["powersgd"])
+    assert bytes_per_step[:3] == [full] * 3  # plain all-reduce while warming up
+    assert all(b * 10 <= full for b in bytes_per_step[3:]), bytes_per_step
+    losses = [m["loss"] for m in runs["powersgd"]]
+    assert losses[-1] < losses[0] * 0.8, losses
+
+
+def test_a_restored_powersgd_job_goes_on_compressing(
+    runs: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    spec = tiny_spec(parallel=LAYOUTS["powersgd"])
+    first: list[dict[str, Any]] = []
+    train_local(
+        spec, 2, on_metrics=first.append, local=LocalCheckpoints(str(tmp_path), stop_after_step=5)
+    )
+    resumed: list[dict[str, Any]] = []
+    events: list[str] = []
+    train_local(
+        spec,
+        2,
+        on_metrics=resumed.append,
+        on_event=events.append,
+        local=LocalCheckpoints(str(tmp_path), resume=True),
+    )
+    assert any("restored checkpoint step 5" in e for e in events), events
+    assert [m["step"] for m in resumed] == list(range(6, 11))
+    # Its step count came back, so no second warm-up: one plain step while DDP rebuilds
+    # its buckets, then what the unbroken run sent.
+    full = sent(runs["sync"])[0]
+    assert sent(resumed) == [full, *sent(runs["powersgd"])[6:]]
+    # The error-feedback residuals restart from zero and step 6 is sent whole, so losses
+    # are near, not equal (a fresh model would be near 5.5 here).
+    for got, want in zip(resumed, runs["powersgd"][5:], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=0.1), got["step"]

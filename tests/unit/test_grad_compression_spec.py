@@ -1,0 +1,56 @@
+"""parallel.grad_compression: what each kind accepts, and what it refuses with a fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from workers.contract.sections import ParallelSpec
+from workers.contract.spec import JobSpec
+
+
+def refusal(**parallel: Any) -> str:
+    with pytest.raises(ValidationError) as err:
+        ParallelSpec.model_validate(parallel)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "layout", [{"dp": 2, "tp": 2}, {"dp": 2, "pp": 2}, {"dp": 2, "zero_stage": 2}, {"auto": True}]
+)
+def test_powersgd_is_refused_where_ddp_does_not_train(layout: dict[str, Any]) -> None:
+    message = refusal(**layout, grad_compression={"kind": "powersgd"})
+    assert "runs as DDP's communication hook" in message
+    assert "use kind 'bf16'" in message
+
+
+def test_powersgd_options_with_another_kind_are_refused() -> None:
+    message = refusal(dp=2, grad_compression={"kind": "bf16", "rank": 8})
+    assert "parallel.grad_compression.rank applies only to kind 'powersgd'" in message
+    assert "warmup_steps" in refusal(dp=2, grad_compression={"warmup_steps": 50})
+
+
+def test_bounds_and_unknown_kinds_name_the_field() -> None:
+    assert "'none', 'bf16' or 'powersgd'" in refusal(grad_compression={"kind": "1bit"})
+    # PyTorch's PowerSGD with error feedback needs at least 2 plain steps.
+    assert "greater than or equal to 2" in refusal(
+        dp=2, grad_compression={"kind": "powersgd", "warmup_steps": 1}
+    )
+
+
+def test_every_kind_survives_being_stored_and_read_back() -> None:
+    """A stored spec is read back with every field set, defaults included."""
+    for compression in ({}, {"kind": "bf16"}, {"kind": "powersgd", "rank": 2}):
+        spec = JobSpec.model_validate(
+            {"name": "c", "parallel": {"dp": 2, "grad_compression": compression}}
+        )
+        again = JobSpec.model_validate(spec.model_dump(mode="json"))
+        assert again == spec
+
+
+def test_bf16_is_accepted_on_every_layout_and_with_auto() -> None:
+    for layout in ({"dp": 2, "tp": 2, "zero_stage": 3}, {"pp": 2, "dp": 2}, {"auto": True}):
+        parsed = ParallelSpec.model_validate({**layout, "grad_compression": {"kind": "bf16"}})
+        assert parsed.grad_compression.kind == "bf16"
