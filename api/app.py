@@ -14,7 +14,7 @@ from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.options import install_options
 from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, logs, plan, profiles, queue, system
+from api.routes import export, faults, jobs, logs, plan, profiles, queue, rates, system
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
@@ -22,6 +22,7 @@ from service.config import Settings
 from service.db import Database
 from service.job_views import JobViews
 from service.quotas import UserQuotas
+from service.rates import Calibration, RatesBook
 from service.runtime import NoRuntime, Runtime
 from service.store import JobStore
 from service.users import UserDirectory
@@ -65,6 +66,8 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     )
     app.state.quotas = UserQuotas(db, settings)
     app.state.exports = export.ExportSlots()
+    app.state.rates = RatesBook(db)
+    app.state.calibration = Calibration(app.state.rates, the_runtime.calibrate)
     install_error_handlers(app)
     install_options(app)
     install_openapi(app)
@@ -81,6 +84,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(system.router)
     app.include_router(queue.router)
     app.include_router(plan.router)
+    app.include_router(rates.router)
     install_openapi(app)
     install_docs(app)
     install_status_page(app)

@@ -289,6 +289,19 @@ class Client:
         body = {"spec": _spec_body(spec), "ranks": ranks, **options}
         return self._call("POST", "/v1/plan", json=body)
 
+    def cluster_rates(self) -> dict[str, Any]:
+        """The cost model's rates stored for this cluster, and the last calibration."""
+        return self._call("GET", "/v1/cluster/rates")
+
+    def calibrate(
+        self, spec: JobSpec | dict[str, Any] | str | Path | None = None, ranks: int = 2
+    ) -> dict[str, Any]:
+        """Start measuring the cluster's rates (administrators); poll `cluster_rates`."""
+        body: dict[str, Any] = {"ranks": ranks}
+        if spec is not None:
+            body["spec"] = _spec_body(spec)
+        return self._call("POST", "/v1/cluster/calibrate", json=body)
+
     def wait(
         self,
         job_id: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from service.quotas import never_fits_quota
+from service.rates import PlanningRates
 from service.runtime import ClusterInfo, Runtime
 from workers.contract.cost_model import Rates
 from workers.contract.demand import bundle_resources, describe, job_demand
@@ -84,7 +85,9 @@ def auto_base(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"parallel": kept})
 
 
-def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[JobSpec, Event]:
+def pick_layout(
+    spec: JobSpec, rank_counts: list[int], rates: Rates, rates_named: str | None = None
+) -> tuple[JobSpec, Event]:
     """The fastest predicted layout over `rank_counts` that fits the device and the spec's
     bounds: the spec with it (auto off), and the event that says why. NoLayout if none."""
     bounds, base = spec.parallel, auto_base(spec)
@@ -107,7 +110,7 @@ def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[Jo
     runner_up = candidates[1] if len(candidates) > 1 else None
     reason = (
         f"the fastest of {len(candidates)} layouts that fit on up to {most} ranks, "
-        f"by the cost model with {rates.device} rates"
+        f"by the cost model with {rates_named or f'{rates.device} rates'}"
     )
     message = f"layout chosen: {_describe(best)}; {reason}"
     if runner_up is not None:
@@ -127,10 +130,14 @@ def pick_layout(spec: JobSpec, rank_counts: list[int], rates: Rates) -> tuple[Jo
 
 
 def choose_layout(
-    spec: JobSpec, runtime: Runtime, quota: dict[str, float] | None = None
+    spec: JobSpec,
+    runtime: Runtime,
+    quota: dict[str, float] | None = None,
+    rates: PlanningRates | None = None,
 ) -> tuple[JobSpec, Event]:
     """`parallel: auto` at submit: the fastest layout on what the cluster has free now and
-    the user's `quota` (resource limits) allows."""
+    the user's `quota` (resource limits) allows, by `rates` (the cluster's calibrated
+    ones, where it has them) or the defaults."""
     base = auto_base(spec)
     most = admissible_ranks(base, runtime, quota)
     if most == 0:
@@ -141,4 +148,5 @@ def choose_layout(
             "parallel: auto found no free resources for one rank of this job now "
             f"({describe(bundle_resources(spec))}); submit a fixed layout to queue for them"
         )
-    return pick_layout(spec, _rank_counts(most), default_rates(spec))
+    rates = rates or PlanningRates(default_rates(spec), None)
+    return pick_layout(spec, _rank_counts(most), rates.rates, rates.describe())

@@ -151,3 +151,15 @@ class Checkpoint(Base):
     # How long the save took, and how long of that training was held (async saves).
     save_s: Mapped[float | None] = mapped_column(Float, default=None)
     blocking_s: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class ClusterRates(Base):
+    """The cost model's rates measured on this cluster, one row per device class ("cpu",
+    "gpu"): `parallel: auto`, POST /v1/plan and their events use them over the defaults."""
+
+    __tablename__ = "cluster_rates"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    rates: Mapped[dict[str, Any]] = mapped_column(JSON)
+    measured_at: Mapped[datetime] = mapped_column(default=utcnow)
+    source: Mapped[str] = mapped_column(Text)  # how they were measured, and by whom

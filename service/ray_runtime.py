@@ -20,6 +20,7 @@ from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
+from workers.contract.cost_model import Rates
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import (
     RESOURCE_NAMES,
@@ -33,11 +34,13 @@ from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
 from workers.contract.spec import JobSpec
 from workers.runtime.actors import SupervisorActor
+from workers.runtime.calibration import calibrate_here
 from workers.runtime.names import CORES_LABEL, NAMESPACE, supervisor_name
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
+CALIBRATE_TIMEOUT_S = 600.0
 
 
 class RaySupervisors:
@@ -213,6 +216,16 @@ class RayRuntime:
 
     def queue_changed(self) -> None:
         self.scheduler.wake()
+
+    def calibrate(self, spec: JobSpec, ranks: int) -> Rates:
+        # On a node with the job's devices, like one of its ranks; a CPU core's share only
+        # (it measures one core, and its all-reduce processes are its own children).
+        gpus = spec.resources.gpus_per_worker
+        task = ray.remote(num_cpus=1, num_gpus=gpus)(calibrate_here)
+        answer = task.options(runtime_env=self.supervisors.runtime_env).remote(
+            spec.model_dump_json(), ranks
+        )
+        return Rates.from_json(ray.get(answer, timeout=CALIBRATE_TIMEOUT_S))
 
     def _launch(self, job: Job) -> None:
         self.supervisors.launch(job)

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from service.cluster_view import NodeInfo
 from service.scheduler import host_memory_refusal
+from workers.contract.cost_model import Rates
 from workers.contract.spec import JobSpec
 
 
@@ -23,6 +24,10 @@ class ClusterInfo:
 class FaultNotDelivered(RuntimeError):
     """A chaos-test fault or a profile could not reach the job (not running there); the
     API says 409."""
+
+
+class NotOnCluster(RuntimeError):
+    """What needs a cluster was asked of a server without one."""
 
 
 class Runtime(Protocol):
@@ -44,6 +49,11 @@ class Runtime(Protocol):
         """Have every rank of a running job record its next `steps` steps with
         torch.profiler into the job's profiles/<profile_id> (FaultNotDelivered if not);
         how many ranks were asked (fewer than the spec's in a shrunk elastic job)."""
+        ...
+
+    def calibrate(self, spec: JobSpec, ranks: int) -> Rates:
+        """The cost model's rates measured on a cluster node for `spec`'s model, its
+        collectives among `ranks` processes (NotOnCluster without a cluster)."""
         ...
 
     def queue_changed(self) -> None:
@@ -77,6 +87,9 @@ class NoRuntime:
 
     def profile(self, job_id: str, profile_id: str, steps: int) -> int:
         raise FaultNotDelivered("no runtime is attached to this server: no job runs")
+
+    def calibrate(self, spec: JobSpec, ranks: int) -> Rates:
+        raise NotOnCluster("no runtime is attached to this server: nothing to measure")
 
     def queue_changed(self) -> None:
         return None

@@ -8,7 +8,20 @@ import sys
 
 import typer
 
-from api.cli import demo, hf, jobs, login, migrate, pausing, plan, profiling, serve, train, watching
+from api.cli import (
+    calibrating,
+    demo,
+    hf,
+    jobs,
+    login,
+    migrate,
+    pausing,
+    plan,
+    profiling,
+    serve,
+    train,
+    watching,
+)
 from api.cli.tokens import tokens_app
 
 app = typer.Typer(
@@ -18,6 +31,7 @@ app = typer.Typer(
 )
 app.command()(train.train)
 app.command()(plan.plan)
+app.command()(calibrating.calibrate)
 app.command()(serve.serve)
 app.command()(migrate.migrate)
 app.command()(demo.demo)

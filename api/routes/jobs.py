@@ -165,7 +165,10 @@ async def submit_job(
         # A replay answers with the job already made, whatever is free now.
         if auto and not store.submitted_with_key(user, idempotency_key):
             try:
-                resolved, planned = choose_layout(resolved, runtime, resource_limits(settings))
+                rates = request.app.state.rates.for_spec(resolved)
+                resolved, planned = choose_layout(
+                    resolved, runtime, resource_limits(settings), rates
+                )
             except NoLayout as err:
                 raise ApiError(422, "does_not_fit", str(err)) from None
             events = (planned,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,8 +14,8 @@ from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
 from api.routes.jobs import check_data_path
 from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
+from service.rates import PlanningRates
 from workers.contract.demand import bundle_resources, describe
-from workers.contract.planner import default_rates
 from workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))
@@ -37,13 +37,18 @@ class PlanRequest(BaseModel):
 class PlanPublic(BaseModel):
     ranks: int
     device: str
+    rates: str  # which rates: the device's defaults, or when this cluster's were calibrated
     legal: int  # how many legal layouts there are (the list holds the first `limit`)
     layouts: list[dict[str, Any]]
 
 
 @router.post("/plan", response_model=PlanPublic)
 async def plan_layouts(
-    body: PlanRequest, user: CurrentUser, runtime: RuntimeDep, settings: SettingsDep
+    request: Request,
+    body: PlanRequest,
+    user: CurrentUser,
+    runtime: RuntimeDep,
+    settings: SettingsDep,
 ) -> Any:
     """Every legal layout of `spec` on `ranks` ranks (default: what is free now), those
     that fit `device_memory` first, each group fastest first by the cost model."""
@@ -63,7 +68,8 @@ async def plan_layouts(
                     "the cluster has no free resources for one rank of this spec now "
                     f"({describe(bundle_resources(spec))}); give `ranks` to plan anyway",
                 )
-        rates = default_rates(spec)
+        planning: PlanningRates = request.app.state.rates.for_spec(spec)
+        rates = planning.rates
         planned = plan(
             spec,
             ranks,
@@ -82,6 +88,7 @@ async def plan_layouts(
         return PlanPublic(
             ranks=ranks,
             device=rates.device,
+            rates=planning.describe(),
             legal=len(planned),
             layouts=[p.to_json() for p in planned[: body.limit]],
         )

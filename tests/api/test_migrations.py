@@ -14,7 +14,15 @@ from service.migrate import downgrade_to_base, upgrade_to_head
 from service.models import Base
 from tests.support.databases import fresh_database, postgres_admin_url
 
-TABLES = {"users", "api_tokens", "jobs", "job_events", "job_metrics", "checkpoints"}
+TABLES = {
+    "users",
+    "api_tokens",
+    "jobs",
+    "job_events",
+    "job_metrics",
+    "checkpoints",
+    "cluster_rates",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

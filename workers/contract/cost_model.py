@@ -36,6 +36,10 @@ INTRA, INTER = "intra", "inter"  # links within one node, and between nodes
 TP_LOSS_COLLECTIVES = 4
 
 
+# Calibration times collectives among at most this many local processes.
+MAX_CALIBRATION_RANKS = 8
+
+
 @dataclass(frozen=True)
 class Rates:
     """What one rank and its links achieve."""

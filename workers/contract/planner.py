@@ -130,8 +130,8 @@ def _variants(legal: JobSpec) -> list[JobSpec]:
 
 
 def default_rates(spec: JobSpec) -> Rates:
-    """Rates by the spec's device (a cluster's calibrated rates are not stored yet): the
-    service plans `parallel: auto` and elastic re-plans with these."""
+    """Rates by the spec's device: the service plans with these until its cluster is
+    calibrated (service/rates.py); elastic re-plans, in the supervisor, always do."""
     return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
 
 

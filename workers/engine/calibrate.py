@@ -32,6 +32,7 @@ from workers.contract.cost_model import (
     DEFAULT_RATES,
     INTER,
     INTRA,
+    MAX_CALIBRATION_RANKS,
     Rates,
     flops_per_token,
     micro_batch_activation_bytes,
@@ -45,7 +46,6 @@ from workers.engine.precision import AUTOCAST_DTYPES
 
 CALIBRATION_LAYERS = 2
 SMALL, LARGE = 4 << 10, 16 << 20  # all-reduce sizes: latency, then bandwidth
-MAX_CALIBRATION_RANKS = 8
 MAX_ACTIVATION_SCALE = 8.0
 
 

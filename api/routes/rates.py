@@ -1,0 +1,106 @@
+"""The cost model's rates on this cluster: GET /v1/cluster/rates (what `parallel: auto`
+and POST /v1/plan plan with) and POST /v1/cluster/calibrate (an administrator measures
+them with a Ray task on a cluster node; poll the GET until the calibration is done)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import CurrentUser
+from api.errors import ApiError
+from api.openapi import error_responses
+from service.rates import (
+    AlreadyCalibrating,
+    Calibration,
+    CalibrationState,
+    RatesBook,
+    as_utc,
+)
+from workers.contract.cost_model import MAX_CALIBRATION_RANKS
+from workers.contract.spec import JobSpec
+
+router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 429, 503))
+
+# The model calibrated when the request names none: the tiny preset (seconds on a CPU).
+DEFAULT_SPEC = {"name": "calibration", "model": {"preset": "tiny"}}
+
+
+class StoredRates(BaseModel):
+    kind: str  # the device class: cpu or gpu
+    measured_at: datetime
+    source: str
+    rates: dict[str, Any]
+
+
+class CalibrationPublic(BaseModel):
+    state: str  # idle | running | done | failed
+    kind: str | None = None
+    ranks: int | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    message: str | None = None
+
+
+class RatesPublic(BaseModel):
+    stored: list[StoredRates]  # a device class without a row plans with the defaults
+    calibration: CalibrationPublic
+
+
+class CalibrateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Whose model's compute rate and activation bytes to measure (its devices too).
+    spec: JobSpec | None = None
+    ranks: Annotated[int, Field(ge=2, le=MAX_CALIBRATION_RANKS, strict=True)] = 2
+
+
+def _calibration(state: CalibrationState) -> CalibrationPublic:
+    fields = {k: v for k, v in vars(state).items() if k != "rates"}
+    return CalibrationPublic(**fields)
+
+
+@router.get("/rates", response_model=RatesPublic)
+def cluster_rates(request: Request, user: CurrentUser) -> RatesPublic:
+    """The calibrated rates stored per device class, and the last calibration's state."""
+    book: RatesBook = request.app.state.rates
+    calibration: Calibration = request.app.state.calibration
+    return RatesPublic(
+        stored=[
+            StoredRates(
+                kind=r.kind, measured_at=as_utc(r.measured_at), source=r.source, rates=r.rates
+            )
+            for r in book.stored()
+        ],
+        calibration=_calibration(calibration.state()),
+    )
+
+
+@router.post(
+    "/calibrate",
+    response_model=CalibrationPublic,
+    status_code=202,
+    responses=error_responses(403, 409, 422),
+)
+async def calibrate(
+    request: Request, user: CurrentUser, body: CalibrateRequest | None = None
+) -> CalibrationPublic:
+    """Measure the cost model's rates on a cluster node (an administrator's call: every
+    user's `parallel: auto` jobs then plan with them). Answers at once; GET
+    /v1/cluster/rates says when it is done and what it stored."""
+    if not user.is_admin:
+        raise ApiError(403, "forbidden", "calibrating the cluster is for administrators")
+    request_body = body or CalibrateRequest()
+    spec = request_body.spec or JobSpec.model_validate(DEFAULT_SPEC)
+    if not request.app.state.runtime.cluster().connected:
+        raise ApiError(503, "no_cluster", "no Ray cluster is attached: nothing to measure")
+    calibration: Calibration = request.app.state.calibration
+    try:
+        state = await run_in_threadpool(calibration.start, spec, request_body.ranks, user.name)
+    except AlreadyCalibrating as err:
+        raise ApiError(409, "calibrating", str(err)) from None
+    return _calibration(state)
