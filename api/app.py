@@ -67,7 +67,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.quotas = UserQuotas(db, settings)
     app.state.exports = export.ExportSlots()
     app.state.rates = RatesBook(db)
-    app.state.calibration = Calibration(app.state.rates, the_runtime.calibrate)
+    app.state.calibration = Calibration(
+        app.state.rates, the_runtime.calibrate, the_runtime.share_rates
+    )
     install_error_handlers(app)
     install_options(app)
     install_openapi(app)

@@ -20,15 +20,10 @@ from sqlalchemy import select
 from service.db import Database
 from service.models import ClusterRates
 from workers.contract.cost_model import Rates
-from workers.contract.planner import default_rates
+from workers.contract.planner import default_rates, rates_kind
 from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-
-def rates_kind(spec: JobSpec) -> str:
-    """The device class a job's ranks run on: the key its calibrated rates are kept by."""
-    return "gpu" if spec.resources.gpus_per_worker > 0 else "cpu"
 
 
 @dataclass(frozen=True)
@@ -94,11 +89,18 @@ class CalibrationState:
 
 class Calibration:
     """One calibration at a time: `measure(spec, ranks)` (a Ray task) in a thread, its
-    rates stored in `book` when it ends."""
+    rates stored in `book` when it ends and handed to `stored(kind, rates)` (the runtime
+    shares them with the cluster's supervisors)."""
 
-    def __init__(self, book: RatesBook, measure: Callable[[JobSpec, int], Rates]) -> None:
+    def __init__(
+        self,
+        book: RatesBook,
+        measure: Callable[[JobSpec, int], Rates],
+        stored: Callable[[str, Rates], None] = lambda kind, rates: None,
+    ) -> None:
         self.book = book
         self.measure = measure
+        self.stored = stored
         self._lock = threading.Lock()
         self._state = CalibrationState()
 
@@ -128,6 +130,7 @@ class Calibration:
             model = spec.model.preset or "custom"
             source = f"POST /v1/cluster/calibrate by {by}: {model} model, {ranks} ranks"
             self.book.save(kind, rates, source)
+            self.stored(kind, rates)
         except Exception as err:  # the state says why; the server goes on
             log.warning("calibration failed: %s", err)
             with self._lock:

@@ -16,6 +16,7 @@ from service.cluster_view import nodes_view
 from service.config import Settings
 from service.models import Job
 from service.quotas import resource_limits
+from service.rates import RatesBook
 from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
@@ -33,6 +34,7 @@ from workers.contract.demand import (
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
 from workers.contract.spec import JobSpec
+from workers.runtime import cluster_rates
 from workers.runtime.actors import SupervisorActor
 from workers.runtime.calibration import calibrate_here
 from workers.runtime.names import CORES_LABEL, NAMESPACE, supervisor_name
@@ -169,6 +171,8 @@ class RayRuntime:
             if in_main and previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         log.info("connected to Ray at %s: %s", self.address, self._total())
+        for row in RatesBook(self.store.db).stored():  # what supervisors re-plan with
+            self.share_rates(row.kind, Rates.from_json(row.rates))
         self.reconciler.start()
         self.scheduler.start()
 
@@ -216,6 +220,9 @@ class RayRuntime:
 
     def queue_changed(self) -> None:
         self.scheduler.wake()
+
+    def share_rates(self, kind: str, rates: Rates) -> None:
+        cluster_rates.publish(kind, rates)
 
     def calibrate(self, spec: JobSpec, ranks: int) -> Rates:
         # On a node with the job's devices, like one of its ranks; a CPU core's share only

@@ -56,6 +56,10 @@ class Runtime(Protocol):
         collectives among `ranks` processes (NotOnCluster without a cluster)."""
         ...
 
+    def share_rates(self, kind: str, rates: Rates) -> None:
+        """Let the cluster's supervisors plan with these calibrated rates (elastic re-plans)."""
+        ...
+
     def queue_changed(self) -> None:
         """A job was queued or resumed: look for room now, not at the next scheduling
         tick (a submitted job starts up to a tick sooner)."""
@@ -90,6 +94,9 @@ class NoRuntime:
 
     def calibrate(self, spec: JobSpec, ranks: int) -> Rates:
         raise NotOnCluster("no runtime is attached to this server: nothing to measure")
+
+    def share_rates(self, kind: str, rates: Rates) -> None:
+        return None
 
     def queue_changed(self) -> None:
         return None

@@ -9,17 +9,24 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
+from ray.experimental import internal_kv
 
 from api.client import Client, ShardlineError
 from service.db import Database
+from service.local_ray import LocalRay
 from service.users import UserDirectory
 from tests.e2e.conftest import Service, job_spec, leftovers, wait_for
+from workers.contract.planner import default_rates
+from workers.contract.spec import JobSpec
+from workers.runtime.cluster_rates import planning_rates
+from workers.runtime.names import NAMESPACE
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
@@ -44,10 +51,27 @@ def calibrated(admin: Client, timeout_s: float = 120) -> dict[str, Any]:
         time.sleep(0.5)
 
 
+def connected(address: str) -> None:
+    """This process on the session's cluster (a stopped server has left it)."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+
+
+@pytest.fixture
+def shared_rates_removed(ray_cluster: LocalRay) -> Iterator[None]:
+    """The session's cluster is shared: later tests' elastic re-plans use the defaults."""
+    yield
+    connected(ray_cluster.address)
+    for kind in ("cpu", "gpu"):
+        internal_kv._internal_kv_del(f"rates/{kind}", namespace=NAMESPACE)
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+@pytest.mark.usefixtures("shared_rates_removed")
 def test_an_admin_calibrates_and_plans_use_the_rates(
     service: ServiceFactory, database: str
 ) -> None:
+    spec = JobSpec.model_validate(job_spec("elastic"))
     with service(database) as svc:
         with svc.running() as server, svc.client(server) as user:
             admin_key = admin_token(svc)
@@ -74,10 +98,17 @@ def test_an_admin_calibrates_and_plans_use_the_rates(
             assert "by admin-" in stored["source"] and "2 ranks" in stored["source"]
             used = user.plan(job_spec("p"), ranks=2)["rates"]
             assert used.startswith("cpu rates calibrated "), used
+            # Supervisors' elastic re-plans read them from the cluster.
+            assert planning_rates(spec).to_json() == rates
 
-        # A restarted server plans with what the database kept.
+        connected(svc.ray_address)
+        internal_kv._internal_kv_del("rates/cpu", namespace=NAMESPACE)
+        assert planning_rates(spec) == default_rates(spec)
+
+        # A restarted server plans with what the database kept, and shares it again.
         with svc.running() as server, svc.client(server) as user:
             assert user.cluster_rates()["stored"] == answer["stored"]
+            assert planning_rates(spec).to_json() == rates
             if database == "sqlite":  # the command an administrator runs, once
                 env = {**os.environ, "SHARDLINE_URL": server.url, "SHARDLINE_TOKEN": admin_key}
                 shown = subprocess.run(

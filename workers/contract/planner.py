@@ -129,10 +129,15 @@ def _variants(legal: JobSpec) -> list[JobSpec]:
     return out
 
 
+def rates_kind(spec: JobSpec) -> str:
+    """The device class a job's ranks run on: the key a cluster's calibrated rates are
+    kept by (service/rates.py)."""
+    return "gpu" if spec.resources.gpus_per_worker > 0 else "cpu"
+
+
 def default_rates(spec: JobSpec) -> Rates:
-    """Rates by the spec's device: the service plans with these until its cluster is
-    calibrated (service/rates.py); elastic re-plans, in the supervisor, always do."""
-    return DEFAULT_RATES["h100" if spec.resources.gpus_per_worker > 0 else "cpu"]
+    """Rates by the spec's device: planning uses these until the cluster is calibrated."""
+    return DEFAULT_RATES["h100" if rates_kind(spec) == "gpu" else "cpu"]
 
 
 def plan(

@@ -2,7 +2,8 @@
 
 The whole layout is planned again for fewer ranks, over every dimension the planner
 varies (dp, tp, pp and its schedule, ZeRO stage, sequence parallel, micro-batch,
-activation checkpointing), by the cost model's default rates for the job's device: a
+activation checkpointing), by the cost model with the cluster's calibrated rates for the
+job's device (published by the control plane; else the defaults): a
 tp2 x dp2 job that loses two of its four ranks may go on at dp2 or pp2, not only at tp2 x
 dp1. The global batch stays, and the batch of a step depends only on (seed, step), so a
 re-planned job trains on exactly the data it would have seen; a restart restores the
@@ -12,14 +13,15 @@ newest checkpoint or snapshot resharded into the new layout, and its losses cont
 from __future__ import annotations
 
 from workers.contract.demand import elastic_min_ranks
-from workers.contract.planner import default_rates, plan
+from workers.contract.planner import plan
 from workers.contract.spec import JobSpec
+from workers.runtime.cluster_rates import planning_rates
 
 
 def replan(full: JobSpec, ranks: int) -> JobSpec | None:
     """The planner's fastest layout of `full` on `ranks` ranks that fits the device, or
     None if it has no legal one there."""
-    rates = default_rates(full)
+    rates = planning_rates(full)
     # min_dp bounds the ranks (elastic_min_ranks), not each layout's dp: pp2 x dp1 is a fine way
     # to go on for a job that asked for tp2 x dp2 and min_dp 2.
     base = full
