@@ -64,6 +64,8 @@ def record(store: JobStore, job_id: str, lr: float, slow: float) -> None:
                 "tokens_per_s": 1000.0 + s,
                 "lr": lr,
                 "breakdown": [breakdown(0, slow), breakdown(1, slow)],
+                # The slower run compresses nothing: 3 MiB of fp32 gradients a step.
+                **({"grad_bytes": 3 * 2**20} if slow > 1 else {}),
             },
             seq=s + 1,
         )
@@ -146,9 +148,13 @@ def test_the_ranks_panel_places_each_rank_and_shows_the_slow_one(
         expect(page.locator("#rank-heat tbody tr")).to_have_count(2)
         expect(page.locator("#rank-heat tbody tr").first.locator("td")).to_have_count(STEPS)
         shoot(page, screenshot_dir, "job-page-ranks")
+        # Its gradient traffic per step, charted in MiB.
+        expect(page.locator("#traffic-figure")).to_be_visible()
+        expect(page.locator("#traffic-chart")).to_have_attribute("data-points", str(STEPS))
         page.goto(f"{server.url}/#/jobs/{fast}")
         expect(page.locator("#ranks tbody tr")).to_have_count(2)
         expect(page.locator("#ranks tbody tr.slow")).to_have_count(0)
+        expect(page.locator("#traffic-figure")).to_be_hidden()  # it logged none
     assert sandboxed_page.outside == []
 
 
