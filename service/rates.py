@@ -49,7 +49,11 @@ class RatesBook:
             row = s.get(ClusterRates, rates_kind(spec))
             if row is None:
                 return PlanningRates(default_rates(spec), None)
-            return PlanningRates(Rates.from_json(row.rates), as_utc(row.measured_at))
+            try:
+                return PlanningRates(Rates.from_json(row.rates), as_utc(row.measured_at))
+            except (TypeError, ValueError) as err:  # planning goes on with the defaults
+                log.warning("stored %s rates unreadable (%s): defaults", row.kind, err)
+                return PlanningRates(default_rates(spec), None)
 
     def save(self, kind: str, rates: Rates, source: str) -> None:
         with self.db.session() as s, s.begin():
@@ -127,10 +131,13 @@ class Calibration:
     def _run(self, spec: JobSpec, ranks: int, kind: str, by: str) -> None:
         try:
             rates = self.measure(spec, ranks)
+            if (rates.device == "cpu") != (kind == "cpu"):
+                raise ValueError(
+                    f"the task measured a {rates.device} for {kind} rates; nothing stored"
+                )
             model = spec.model.preset or "custom"
             source = f"POST /v1/cluster/calibrate by {by}: {model} model, {ranks} ranks"
             self.book.save(kind, rates, source)
-            self.stored(kind, rates)
         except Exception as err:  # the state says why; the server goes on
             log.warning("calibration failed: %s", err)
             with self._lock:
@@ -140,3 +147,7 @@ class Calibration:
         with self._lock:
             self._state.state, self._state.rates = "done", rates.to_json()
             self._state.ended_at = datetime.now(UTC)
+        try:  # stored and planned with here; the cluster's supervisors learn them next start
+            self.stored(kind, rates)
+        except Exception as err:
+            log.warning("sharing the calibrated %s rates with the cluster failed: %s", kind, err)

@@ -232,7 +232,13 @@ class RayRuntime:
         answer = task.options(runtime_env=self.supervisors.runtime_env).remote(
             spec.model_dump_json(), ranks
         )
-        return Rates.from_json(ray.get(answer, timeout=CALIBRATE_TIMEOUT_S))
+        try:
+            return Rates.from_json(ray.get(answer, timeout=CALIBRATE_TIMEOUT_S))
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(answer, force=True)  # or it goes on beside the next calibration
+            raise TimeoutError(
+                f"the calibration task did not end within {CALIBRATE_TIMEOUT_S:.0f} s"
+            ) from None
 
     def _launch(self, job: Job) -> None:
         self.supervisors.launch(job)

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import CurrentUser
 from api.errors import ApiError
+from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
+from api.routes.jobs import check_data_path
 from service.rates import (
     AlreadyCalibrating,
     Calibration,
@@ -22,6 +24,7 @@ from service.rates import (
     as_utc,
 )
 from workers.contract.cost_model import MAX_CALIBRATION_RANKS
+from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 429, 503))
@@ -95,9 +98,24 @@ async def calibrate(
     if not user.is_admin:
         raise ApiError(403, "forbidden", "calibrating the cluster is for administrators")
     request_body = body or CalibrateRequest()
-    spec = request_body.spec or JobSpec.model_validate(DEFAULT_SPEC)
-    if not request.app.state.runtime.cluster().connected:
+    runtime = request.app.state.runtime
+    if not runtime.cluster().connected:
         raise ApiError(503, "no_cluster", "no Ray cluster is attached: nothing to measure")
+
+    def checked() -> JobSpec:
+        if request_body.spec is None:
+            return JobSpec.model_validate(DEFAULT_SPEC)
+        # As at submit: the shape from model.init_from's config.json, data the server may read.
+        settings = request.app.state.settings
+        check_data_path(request_body.spec, settings)
+        spec = resolve_spec_init_from(request_body.spec, settings)
+        # One rank of it must fit on a node to be measured there (not its whole layout).
+        refusal = runtime.refusal(spec.model_copy(update={"parallel": ParallelSpec()}))
+        if refusal is not None:
+            raise ApiError(422, "does_not_fit", refusal)
+        return spec
+
+    spec = await run_in_threadpool(checked)
     calibration: Calibration = request.app.state.calibration
     try:
         state = await run_in_threadpool(calibration.start, spec, request_body.ranks, user.name)

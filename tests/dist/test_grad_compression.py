@@ -43,7 +43,10 @@ def test_sync_sends_every_fp32_gradient_each_step(runs: dict[str, list[dict[str,
 def test_bf16_halves_the_bytes_and_trains_like_fp32(runs: dict[str, list[dict[str, Any]]]) -> None:
     full = sent(runs["sync"])[0]
     assert sent(runs["bf16-ddp"]) == [full // 2] * 10
-    assert sent(runs["bf16-fsdp"]) == [full // 2] * 10
+    # FSDP reduce-scatters after each of a step's micro-batches, DDP once a step.
+    micro = tiny_spec(parallel=LAYOUTS["bf16-fsdp"]).accumulation_steps
+    assert micro == 2
+    assert sent(runs["bf16-fsdp"]) == [full // 2 * micro] * 10
     # tp=2 splits most weights too; only the norms are whole on both tp ranks.
     assert all(full // 4 < b < full // 2 for b in sent(runs["bf16-tp"]))
     for name in ("bf16-ddp", "bf16-fsdp", "bf16-tp"):

@@ -82,6 +82,10 @@ def test_an_admin_calibrates_and_plans_use_the_rates(
             with pytest.raises(ShardlineError) as refused:
                 user.calibrate()
             assert refused.value.status == 403
+            gpus = {**job_spec("g"), "resources": {"gpus_per_worker": 1}}
+            with pytest.raises(ShardlineError) as no_gpu:  # a CPU cluster: nowhere to measure
+                Client(server.url, admin_token(svc)).calibrate(gpus)
+            assert no_gpu.value.status == 422, no_gpu.value
 
             started = admin.calibrate(ranks=2)
             assert started["state"] == "running" and started["kind"] == "cpu"

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from workers.contract.cost_model import DEFAULT_RATES, Rates
+from workers.contract.planner import plan
 from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 
@@ -54,3 +56,36 @@ def test_bf16_is_accepted_on_every_layout_and_with_auto() -> None:
     for layout in ({"dp": 2, "tp": 2, "zero_stage": 3}, {"pp": 2, "dp": 2}, {"auto": True}):
         parsed = ParallelSpec.model_validate({**layout, "grad_compression": {"kind": "bf16"}})
         assert parsed.grad_compression.kind == "bf16"
+
+
+def test_powersgd_with_fp16_is_refused() -> None:
+    with pytest.raises(ValidationError, match="cannot take precision 'fp16'"):
+        JobSpec.model_validate(
+            {
+                "name": "c",
+                "precision": "fp16",
+                "parallel": {"dp": 2, "grad_compression": {"kind": "powersgd"}},
+            }
+        )
+
+
+def test_the_planner_offers_powersgd_jobs_only_layouts_they_can_train_in() -> None:
+    """A re-plan must never hand the workers a spec they would refuse (zero 2/3)."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "c",
+            "model": {"preset": "tiny", "seq_len": 64},
+            "parallel": {"dp": 2, "grad_compression": {"kind": "powersgd"}},
+            "train": {"global_batch_size": 8, "micro_batch_size": 2},
+        }
+    )
+    planned = plan(spec, 4, DEFAULT_RATES["h100"])
+    assert planned
+    for p in planned:
+        again = JobSpec.model_validate(p.spec.model_dump(mode="json"))
+        assert again.parallel.zero_stage <= 1
+
+
+def test_rates_written_by_a_newer_version_are_read() -> None:
+    data = {**DEFAULT_RATES["cpu"].to_json(), "a_later_field": 1.0}
+    assert Rates.from_json(data) == DEFAULT_RATES["cpu"]

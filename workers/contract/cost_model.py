@@ -23,7 +23,7 @@ the same way).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from workers.contract.memory_model import FP32, model_state_bytes
@@ -63,7 +63,10 @@ class Rates:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Rates:
-        return cls(**data)
+        """Rates as `to_json` wrote them; keys this version does not know (a newer one
+        wrote them) are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _gpu(

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from workers.contract.cost_model import DEFAULT_RATES, Prediction, Rates, predict
+from workers.contract.grad_compression import GradCompressionKind
 from workers.contract.sections import ActivationCheckpointing, PipelineSchedule
 from workers.contract.spec import JobSpec
 
@@ -111,7 +112,9 @@ def _variants(legal: JobSpec) -> list[JobSpec]:
     """The choices that keep a legal layout legal: ZeRO stage, sequence parallel, AC."""
     par = legal.parallel
     out = []
-    for zero in range(4) if par.dp > 1 else [0]:
+    # PowerSGD is DDP's hook: only zero 0 and 1 train under DDP (the spec refuses more).
+    most_zero = 1 if par.grad_compression.kind == GradCompressionKind.powersgd else 3
+    for zero in range(most_zero + 1) if par.dp > 1 else [0]:
         for sp in (False, True) if par.tp > 1 else (False,):
             for ac in ActivationCheckpointing:
                 out.append(

@@ -15,6 +15,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from workers.contract.grad_compression import GradCompressionKind
 from workers.contract.sections import (
     INIT_FROM,
     MAX_GLOBAL_BATCH_TOKENS,
@@ -136,6 +137,20 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"model.vocab_size={m['vocab_size']} is too small for data.tokenizer='byte'; "
                 "it needs at least 256"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_compression(self) -> Self:
+        # fp16 overflows now and then by design (the loss scaler skips those steps), and
+        # PowerSGD's error feedback would carry the inf into every later step.
+        if (
+            self.precision == Precision.fp16
+            and self.parallel.grad_compression.kind == GradCompressionKind.powersgd
+        ):
+            raise ValueError(
+                "parallel.grad_compression.kind='powersgd' cannot take precision 'fp16': an "
+                "overflowed step would poison its error feedback; use bf16 or fp32"
             )
         return self
 

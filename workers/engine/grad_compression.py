@@ -160,19 +160,28 @@ def grad_traffic(
     *,
     compression: GradCompression,
     dims: ParallelDims,
+    micro_batches: int,
 ) -> tuple[GradTraffic, PowerSgdProgress | None]:
     """How this rank's gradients travel in `dims`' layout: the count of their bytes, with
-    any DDP hook registered, and the compression state a checkpoint holds."""
+    any DDP hook registered, and the compression state a checkpoint holds.
+    `micro_batches` is how many this rank runs a step."""
     bf16 = compression.kind == GradCompressionKind.bf16
     if dims.dp == 1:
         return GradTraffic(), None
     if dims.effective_zero_stage >= 2:
         dtype = torch.bfloat16 if bf16 else torch.float32
-        return GradTraffic(fsdp_bytes_per_step(params, dims.dp, dtype)), None
+        # FSDP reduce-scatters after every micro-batch (that keeps gradients sharded);
+        # a pipeline schedule syncs only the last one.
+        syncs = micro_batches if dims.pp == 1 else 1
+        return GradTraffic(fsdp_bytes_per_step(params, dims.dp, dtype) * syncs), None
     if dims.syncs_grads_after_backward:
         size = 2 if bf16 else None
         return GradTraffic(
-            sum(local_part(p).numel() * (size or p.element_size()) for p in params)
+            sum(
+                local_part(p).numel() * (size or p.element_size())
+                for p in params
+                if p.requires_grad
+            )
         ), None
     if compression.kind == GradCompressionKind.none:
         return GradTraffic(ddp_bytes_per_step(params)), None

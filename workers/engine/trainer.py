@@ -104,6 +104,7 @@ class Trainer:
             self._params,
             compression=spec.parallel.grad_compression,
             dims=self.dims,
+            micro_batches=spec.accumulation_steps,
         )
         self._reduce_dtype = grad_reduce_dtype(spec)
         self._logged_local: list[float] = []  # this rank's memory and parts, logged steps

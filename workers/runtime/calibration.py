@@ -3,6 +3,7 @@ calibration task (POST /v1/cluster/calibrate), which runs where a rank would."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from workers.contract.spec import JobSpec
@@ -10,6 +11,11 @@ from workers.contract.spec import JobSpec
 
 def calibrate_here(spec_json: str, ranks: int) -> dict[str, Any]:
     """`shardline plan --calibrate`'s measurement on this node, as JSON."""
+    spec = JobSpec.model_validate_json(spec_json)
+    if spec.resources.gpus_per_worker == 0:
+        # Ray leaves a task without GPUs its node's GPUs visible: measure the CPU, as a
+        # CPU job's ranks run (the control plane checks the device it got, too).
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from workers.engine.calibrate import calibrate  # torch: only on the node
 
-    return calibrate(JobSpec.model_validate_json(spec_json), ranks).to_json()
+    return calibrate(spec, ranks).to_json()
