@@ -174,15 +174,19 @@ def test_cancelling_a_running_job_ends_it_and_frees_ray(service: ServiceFactory)
         )
 
 
+STEPS_ACROSS_RESTART = 120
+
+
 def test_restarting_the_control_plane_loses_nothing(service: ServiceFactory) -> None:
     with service() as svc:
         with svc.running() as server, svc.client(server) as c:
-            job = c.submit(job_spec("survives-restart", steps=40))
+            # Enough steps to outlast the stop on a loaded machine (40 once ended first).
+            job = c.submit(job_spec("survives-restart", steps=STEPS_ACROSS_RESTART))
             wait_for(c, job["id"], lambda j: j["step"] >= 3, timeout=300)
         # The control plane is down; the detached supervisor keeps training.
         db = Database(svc.database_url)
         at_stop = JobStore(db).get(job["id"])
-        assert at_stop.state == "RUNNING" and at_stop.current_step < 40
+        assert at_stop.state == "RUNNING" and at_stop.current_step < STEPS_ACROSS_RESTART
         trained_on = supervisor_step_after(svc.ray_address, job["id"], at_stop.current_step)
         assert trained_on > at_stop.current_step
         # ... while nothing wrote to the database, which only the control plane does.
@@ -192,7 +196,7 @@ def test_restarting_the_control_plane_loses_nothing(service: ServiceFactory) -> 
             done = c.wait(job["id"], timeout=240, poll_s=0.5)
             assert done["state"] == "SUCCEEDED"
             steps = [m["step"] for m in c.metrics(job["id"])]
-            assert steps == list(range(1, 41))  # none missing, none twice
+            assert steps == list(range(1, STEPS_ACROSS_RESTART + 1))  # none missing, none twice
             assert leftovers(svc.ray_address, job["id"])["placement_groups"] == []
 
 
