@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import select
 
@@ -88,7 +87,6 @@ class CalibrationState:
     ended_at: datetime | None = None
     message: str | None = None
     ranks: int | None = None
-    rates: dict[str, Any] | None = field(default=None)
 
 
 class Calibration:
@@ -145,7 +143,7 @@ class Calibration:
                 self._state.ended_at = datetime.now(UTC)
             return
         with self._lock:
-            self._state.state, self._state.rates = "done", rates.to_json()
+            self._state.state = "done"
             self._state.ended_at = datetime.now(UTC)
         try:  # stored and planned with here; the cluster's supervisors learn them next start
             self.stored(kind, rates)

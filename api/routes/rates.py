@@ -63,8 +63,7 @@ class CalibrateRequest(BaseModel):
 
 
 def _calibration(state: CalibrationState) -> CalibrationPublic:
-    fields = {k: v for k, v in vars(state).items() if k != "rates"}
-    return CalibrationPublic(**fields)
+    return CalibrationPublic(**vars(state))
 
 
 @router.get("/rates", response_model=RatesPublic)
