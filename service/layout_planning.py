@@ -8,10 +8,10 @@ import math
 from service.quotas import never_fits_quota
 from service.rates import PlanningRates
 from service.runtime import ClusterInfo, Runtime
-from workers.contract.cost_model import Rates
 from workers.contract.demand import bundle_resources, describe, job_demand
 from workers.contract.events import Event, EventKind
 from workers.contract.planner import PlannedLayout, default_rates, plan
+from workers.contract.rates import Rates
 from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 

@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from service.db import Database
 from service.models import ClusterRates
-from workers.contract.cost_model import Rates
 from workers.contract.planner import default_rates, rates_kind
+from workers.contract.rates import Rates
 from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
-from workers.contract.cost_model import Rates
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import (
     RESOURCE_NAMES,
@@ -33,6 +32,7 @@ from workers.contract.demand import (
 )
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import ProgressRead
+from workers.contract.rates import Rates
 from workers.contract.spec import JobSpec
 from workers.runtime import cluster_rates
 from workers.runtime.actors import SupervisorActor

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from service.cluster_view import NodeInfo
 from service.scheduler import host_memory_refusal
-from workers.contract.cost_model import Rates
+from workers.contract.rates import Rates
 from workers.contract.spec import JobSpec
 
 

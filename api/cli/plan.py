@@ -12,8 +12,8 @@ from rich.table import Table
 
 from api.cli.common import console, err_console, fail, read_spec
 from service.config import DEFAULT_STATE_DIR
-from workers.contract.cost_model import DEFAULT_RATES, Rates
 from workers.contract.planner import PlannedLayout
+from workers.contract.rates import DEFAULT_RATES, Rates
 from workers.contract.spec import JobSpec
 
 DEFAULT_RATES_FILE = DEFAULT_STATE_DIR / "rates.json"

@@ -121,7 +121,7 @@ def _auto_layout(spec: JobSpec, nproc: int | None) -> JobSpec:
     import torch
 
     from service.layout_planning import NoLayout, pick_layout
-    from workers.contract.cost_model import DEFAULT_RATES
+    from workers.contract.rates import DEFAULT_RATES
     from workers.engine.calibrate import device_kind
 
     gpus = torch.cuda.device_count()

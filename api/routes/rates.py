@@ -23,7 +23,7 @@ from service.rates import (
     RatesBook,
     as_utc,
 )
-from workers.contract.cost_model import MAX_CALIBRATION_RANKS
+from workers.contract.rates import MAX_CALIBRATION_RANKS
 from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from service.layout_planning import NoLayout, admissible_ranks, choose_layout, pick_layout
 from service.runtime import ClusterInfo, Runtime
-from workers.contract.cost_model import DEFAULT_RATES
 from workers.contract.events import EventKind
+from workers.contract.rates import DEFAULT_RATES
 from workers.contract.spec import JobSpec
 
 

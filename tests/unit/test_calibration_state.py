@@ -13,7 +13,7 @@ import pytest
 from service.db import Database
 from service.migrate import upgrade_to_head
 from service.rates import AlreadyCalibrating, Calibration, CalibrationState, RatesBook
-from workers.contract.cost_model import DEFAULT_RATES, Rates
+from workers.contract.rates import DEFAULT_RATES, Rates
 from workers.contract.spec import JobSpec
 
 SPEC = JobSpec.model_validate({"name": "c"})

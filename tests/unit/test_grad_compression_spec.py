@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.contract.cost_model import DEFAULT_RATES, Rates
 from workers.contract.planner import plan
+from workers.contract.rates import DEFAULT_RATES, Rates
 from workers.contract.sections import ParallelSpec
 from workers.contract.spec import JobSpec
 

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from workers.contract.cost_model import DEFAULT_RATES, predict
+from workers.contract.cost_model import predict
 from workers.contract.planner import plan
+from workers.contract.rates import DEFAULT_RATES
 from workers.contract.spec import JobSpec
 
 

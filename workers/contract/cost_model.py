@@ -23,90 +23,21 @@ the same way).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workers.contract.memory_model import FP32, model_state_bytes
+from workers.contract.rates import (
+    INTER,
+    INTRA,
+    Rates,
+)
 from workers.contract.sections import ActivationCheckpointing, PipelineSchedule, Precision
 from workers.contract.spec import JobSpec
 
-INTRA, INTER = "intra", "inter"  # links within one node, and between nodes
 # The vocabulary-parallel loss's collectives per micro-batch (max, sum, target logit),
 # forward and backward, and the embedding's output.
 TP_LOSS_COLLECTIVES = 4
-
-
-# Calibration times collectives among at most this many local processes.
-MAX_CALIBRATION_RANKS = 8
-
-
-@dataclass(frozen=True)
-class Rates:
-    """What one rank and its links achieve."""
-
-    device: str
-    flops_per_s: float  # training FLOP/s one rank sustains (CPU: one core) in the precision
-    bandwidth: dict[str, float]  # collective bus bytes/s by link kind (INTRA, INTER)
-    latency_s: float  # fixed cost of one collective (on a CPU: at the planned world size)
-    memory_bytes_per_s: float  # for the optimizer's elementwise pass
-    runtime_bytes: int  # what a rank holds before any model: the process, or CUDA context
-    overlap: float  # share of FSDP/DDP collectives hidden behind compute
-    cores: float | None = None  # a CPU host's cores, shared by its ranks
-    # Bytes a step really keeps per byte of activations this model counts (saved tensors
-    # it does not list, the allocator's slack): measured by calibration.
-    activation_scale: float = 1.0
-    # A device's memory, where the kind fixes it (a layout above it does not fit).
-    device_memory: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Rates:
-        """Rates as `to_json` wrote them; keys this version does not know (a newer one
-        wrote them) are left out."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def _gpu(
-    device: str, flops: float, intra: float, inter: float, memory_speed: float, memory: int
-) -> Rates:
-    """A GPU kind's starting rates: NVLink within a node, the network between nodes; a
-    collective's fixed cost 20 us, 1 GiB for the CUDA context and workspaces, 70% of the
-    data-parallel wrappers' collectives hidden behind compute."""
-    return Rates(
-        device,
-        flops,
-        {INTRA: intra, INTER: inter},
-        2.0e-5,
-        memory_speed,
-        1 << 30,
-        0.7,
-        device_memory=memory,
-    )
-
-
-DEFAULT_RATES: dict[str, Rates] = {
-    # The 2-core development machine as `calibrate(spec, 4)` measured it (bench.plan_accuracy
-    # in docs/benchmarks.md); calibrate for yours.
-    "cpu": Rates(
-        "cpu",
-        7.2e10,
-        {INTRA: 9.0e8, INTER: 5.0e8},
-        5.0e-3,
-        1.9e10,
-        265 << 20,
-        0.0,
-        2,
-        activation_scale=2.5,
-    ),
-    # H200: the compiled 1b preset ran 69,080 tokens/s x 7.04 GFLOP/token, 0.1186 s a
-    # step, of which AdamW's pass is about 7 ms: 520 TFLOP/s for the rest.
-    "h200": _gpu("h200", 5.2e14, 3.6e11, 4.0e10, 4.3e12, 141 * 10**9),
-    "h100": _gpu("h100", 4.6e14, 3.6e11, 4.0e10, 3.0e12, 80 * 10**9),
-    "a100": _gpu("a100", 1.5e14, 2.3e11, 2.0e10, 1.6e12, 80 * 10**9),
-}
 
 
 @dataclass

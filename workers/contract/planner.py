@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workers.contract.cost_model import DEFAULT_RATES, Prediction, Rates, predict
+from workers.contract.cost_model import Prediction, predict
 from workers.contract.grad_compression import GradCompressionKind
+from workers.contract.rates import DEFAULT_RATES, Rates
 from workers.contract.sections import ActivationCheckpointing, PipelineSchedule
 from workers.contract.spec import JobSpec
 

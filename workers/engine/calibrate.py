@@ -28,16 +28,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workers.contract.cost_model import (
-    DEFAULT_RATES,
-    INTER,
-    INTRA,
-    MAX_CALIBRATION_RANKS,
-    Rates,
-    flops_per_token,
-    micro_batch_activation_bytes,
-)
+from workers.contract.cost_model import flops_per_token, micro_batch_activation_bytes
 from workers.contract.net import free_port
+from workers.contract.rates import DEFAULT_RATES, INTER, INTRA, MAX_CALIBRATION_RANKS, Rates
 from workers.contract.spec import JobSpec
 from workers.engine.distributed import init_world, leave_world, pick_device
 from workers.engine.launch import rank_processes

@@ -10,8 +10,8 @@ import logging
 
 from ray.experimental import internal_kv
 
-from workers.contract.cost_model import Rates
 from workers.contract.planner import default_rates, rates_kind
+from workers.contract.rates import Rates
 from workers.contract.spec import JobSpec
 from workers.runtime.names import NAMESPACE
 
