@@ -28,7 +28,9 @@ def test_two_layouts_are_predicted_and_measured(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "name": "accuracy",
-                "model": {"preset": "tiny", "seq_len": 64},
+                # Wide enough that FSDP's resident buffers are a fifth of its peak.
+                "model": {"preset": "tiny", "dim": 256, "n_heads": 8, "n_kv_heads": 4,
+                          "seq_len": 64},
                 "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2},
             }
         )
@@ -46,8 +48,8 @@ def test_two_layouts_are_predicted_and_measured(tmp_path: Path) -> None:
         "pp=1,dp=2,tp=1,zero=3,fp32",
         "pp=2,dp=1,tp=1,zero=0,fp32",
     ]
-    # Model state is exact arithmetic; the CPU's resident-set peak is known only roughly.
+    # Model state is exact arithmetic; the peak within the 15% on a CPU, FSDP too.
     assert result["max_model_state_error"] < 0.05
-    assert result["max_peak_error"] < 0.35
+    assert result["max_peak_error"] < 0.15, result["layouts"]
     assert result["regret"] >= 1.0 and not math.isnan(result["spearman"])
     assert result["rates"]["cores"] >= 1 and result["rates"]["activation_scale"] >= 1.0

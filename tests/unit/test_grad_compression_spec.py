@@ -89,3 +89,11 @@ def test_the_planner_offers_powersgd_jobs_only_layouts_they_can_train_in() -> No
 def test_rates_written_by_a_newer_version_are_read() -> None:
     data = {**DEFAULT_RATES["cpu"].to_json(), "a_later_field": 1.0}
     assert Rates.from_json(data) == DEFAULT_RATES["cpu"]
+
+
+def test_rates_written_by_an_older_version_take_the_device_defaults() -> None:
+    data = {**DEFAULT_RATES["cpu"].to_json(), "flops_per_s": 1.0e9}
+    del data["fsdp_resident_factor"]
+    read = Rates.from_json(data)
+    assert read.flops_per_s == 1.0e9
+    assert read.fsdp_resident_factor == DEFAULT_RATES["cpu"].fsdp_resident_factor > 0

@@ -197,7 +197,7 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
     activations *= rates.activation_scale
     logits *= rates.activation_scale
     model_state = sum(states.values())
-    peak = rates.runtime_bytes + model_state + activations + logits + _transient(spec, zero0)
+    peak = rates.runtime_bytes + model_state + activations + logits + _transient(spec, zero0, rates)
     return Prediction(
         step_s=step,
         tokens_per_s=tokens / step,
@@ -213,11 +213,12 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
     )
 
 
-def _transient(spec: JobSpec, zero0: dict[str, int]) -> float:
+def _transient(spec: JobSpec, zero0: dict[str, int], rates: Rates) -> float:
     """Bytes a step holds beyond the model state for its data parallelism: FSDP's gathered
     parameters (zero 2 keeps every unit's from forward to backward, zero 3 about two units
-    at a time) and one unit's unsharded gradients before they are reduce-scattered; the
-    flat gradient copy of the all-reduce after backward (zero 0/1 with pp or tp)."""
+    at a time), one unit's unsharded gradients before they are reduce-scattered and what
+    the allocator keeps of FSDP's freed buffers (`Rates.fsdp_resident_factor`); the flat
+    gradient copy of the all-reduce after backward (zero 0/1 with pp or tp)."""
     par = spec.parallel
     if par.dp == 1:
         return 0.0
@@ -226,7 +227,7 @@ def _transient(spec: JobSpec, zero0: dict[str, int]) -> float:
     if par.zero_stage >= 2:
         gathered = stage / FP32 * (2 if _fsdp_bf16(spec) else FP32)
         held = gathered if par.zero_stage == 2 else 2 * gathered / units
-        return held + stage / units
+        return held + stage / units + rates.fsdp_resident_factor * stage
     return stage if (par.pp > 1 or par.tp > 1) else 0.0
 
 

@@ -28,6 +28,12 @@ class Rates:
     # Bytes a step really keeps per byte of activations this model counts (saved tensors
     # it does not list, the allocator's slack): measured by calibration.
     activation_scale: float = 1.0
+    # Bytes FSDP (zero 2/3) keeps resident beyond the model state and its gathered units,
+    # per byte of the stage's unsharded parameters. On a CPU a rank's resident set grows
+    # over FSDP's first steps well past what DDP's settles at, in step with the parameters
+    # (not the activations); measured, not derived (docs/benchmarks.md). On a GPU the
+    # allocator's peak is what the gathered units account for: none.
+    fsdp_resident_factor: float = 0.0
     # A device's memory, where the kind fixes it (a layout above it does not fit).
     device_memory: int | None = None
 
@@ -37,9 +43,12 @@ class Rates:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Rates:
         """Rates as `to_json` wrote them; keys this version does not know (a newer one
-        wrote them) are left out."""
+        wrote them) are left out, and those it lacks (an older one wrote them) are the
+        device kind's defaults."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        given = {k: v for k, v in data.items() if k in known}
+        base = DEFAULT_RATES.get(str(given.get("device")))
+        return cls(**({**asdict(base), **given} if base is not None else given))
 
 
 def _gpu(
@@ -73,6 +82,9 @@ DEFAULT_RATES: dict[str, Rates] = {
         0.0,
         2,
         activation_scale=2.5,
+        # dp=4 zero 3 on this machine held 7.9x (the plan_accuracy model), 7.4x (dim 384)
+        # and 5.3x (seq 256) more than the model without it (docs/benchmarks.md).
+        fsdp_resident_factor=6.5,
     ),
     # H200: the compiled 1b preset ran 69,080 tokens/s x 7.04 GFLOP/token, 0.1186 s a
     # step, of which AdamW's pass is about 7 ms: 520 TFLOP/s for the rest.
