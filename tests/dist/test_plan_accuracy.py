@@ -28,7 +28,7 @@ def test_two_layouts_are_predicted_and_measured(tmp_path: Path) -> None:
         yaml.safe_dump(
             {
                 "name": "accuracy",
-                # Wide enough that FSDP's resident buffers are a fifth of its peak.
+                # Wide enough that FSDP's resident surplus is a fifth of its peak.
                 "model": {"preset": "tiny", "dim": 256, "n_heads": 8, "n_kv_heads": 4,
                           "seq_len": 64},
                 "train": {"steps": 5, "global_batch_size": 8, "micro_batch_size": 2},

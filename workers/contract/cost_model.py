@@ -216,9 +216,9 @@ def predict(spec: JobSpec, rates: Rates, *, ranks_per_node: int | None = None) -
 def _transient(spec: JobSpec, zero0: dict[str, int], rates: Rates) -> float:
     """Bytes a step holds beyond the model state for its data parallelism: FSDP's gathered
     parameters (zero 2 keeps every unit's from forward to backward, zero 3 about two units
-    at a time), one unit's unsharded gradients before they are reduce-scattered and what
-    the allocator keeps of FSDP's freed buffers (`Rates.fsdp_resident_factor`); the flat
-    gradient copy of the all-reduce after backward (zero 0/1 with pp or tp)."""
+    at a time), one unit's unsharded gradients before they are reduce-scattered and the
+    surplus FSDP's ranks are measured to keep resident (`Rates.fsdp_resident_factor`);
+    the flat gradient copy of the all-reduce after backward (zero 0/1 with pp or tp)."""
     par = spec.parallel
     if par.dp == 1:
         return 0.0
