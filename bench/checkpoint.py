@@ -100,7 +100,8 @@ def measure(trainer: Trainer, folder: Path) -> dict[str, Any]:
     sync_s = sync.save(1, state, {"step": 1})
     start = time.perf_counter()
     restored = sync.restore(
-        CheckpointLocations(restore_from=(RestoreSource(str(folder / "sync")),)), lambda: state
+        CheckpointLocations(restore_from=(RestoreSource(str(folder / "sync")),)),
+        lambda manifest: state,
     )
     restore_s = time.perf_counter() - start
     assert restored is not None and restored[0].step == 1

@@ -1,9 +1,12 @@
-"""Train one model on real text with each gradient compression, on the same ranks and the
-same samples, and print one JSON line per mode: gradient bytes each rank sends per step
-(after any warm-up, and over the whole run), wall time, and the final validation loss.
+"""Train one model on real text with each gradient compression, and with local SGD
+(DiLoCo), on the same ranks and the same samples, and print one JSON line per mode:
+gradient bytes each rank sends per step (after any warm-up, and over the whole run), wall
+time, and the final validation loss.
 
-    .venv/bin/python -m bench.low_comm [--dp 4] [--steps 300] [--modes none,bf16,powersgd]
-        [--rank 4] [--warmup 30] [--corpus workers]
+    .venv/bin/python -m bench.low_comm [--dp 4] [--steps 300]
+        [--modes none,bf16,powersgd,local_sgd,local_sgd_bf16] [--rank 4] [--warmup 30]
+        [--sync-every 16] [--outer-lr 0.7] [--outer-momentum 0.9] [--lr 3e-3]
+        [--corpus workers]
 
 The corpus is byte-tokenized text (by default this project's engine source). Each line's
 `val_loss_vs_none` is its final validation loss over the uncompressed run's.
@@ -24,10 +27,24 @@ from workers.engine.launch import train_local
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spec_for(args: argparse.Namespace, mode: str) -> JobSpec:
+def parallel_for(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """`mode` is a grad_compression kind, or local_sgd (its delta in fp32 or bf16)."""
+    if mode.startswith("local_sgd"):
+        dtype = "bf16" if mode.endswith("_bf16") else "fp32"
+        local = {
+            "sync_every": args.sync_every,
+            "delta_dtype": dtype,
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
+        }
+        return {"dp": args.dp, "dp_mode": "local_sgd", "local_sgd": local}
     compression: dict[str, Any] = {"kind": mode}
     if mode == "powersgd":
         compression.update(rank=args.rank, warmup_steps=args.warmup)
+    return {"dp": args.dp, "grad_compression": compression}
+
+
+def spec_for(args: argparse.Namespace, mode: str) -> JobSpec:
     return JobSpec.model_validate(
         {
             "name": f"low-comm-{mode}",
@@ -39,13 +56,13 @@ def spec_for(args: argparse.Namespace, mode: str) -> JobSpec:
                 "val_fraction": 0.1,
             },
             "precision": "fp32",
-            "parallel": {"dp": args.dp, "grad_compression": compression},
+            "parallel": parallel_for(args, mode),
             "train": {
                 "steps": args.steps,
                 "global_batch_size": 4 * args.dp,
                 "micro_batch_size": 4,
-                "lr": 3e-3,
-                "min_lr": 3e-4,
+                "lr": args.lr,
+                "min_lr": args.lr / 10,
                 "warmup_steps": 10,
                 "log_every": 1,
                 "eval_every": args.steps,
@@ -82,7 +99,11 @@ def main() -> None:
     parser.add_argument("--modes", default="none,bf16,powersgd")
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD's approximation rank")
     parser.add_argument("--warmup", type=int, default=30, help="PowerSGD's plain steps")
+    parser.add_argument("--sync-every", type=int, default=16, help="local SGD's inner steps")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="local SGD's outer lr")
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's (the inner) peak lr")
     parser.add_argument("--corpus", default=str(ROOT / "workers"))
     args = parser.parse_args()
     lines = [run_mode(args, mode) for mode in args.modes.split(",")]

@@ -64,8 +64,9 @@ def record(store: JobStore, job_id: str, lr: float, slow: float) -> None:
                 "tokens_per_s": 1000.0 + s,
                 "lr": lr,
                 "breakdown": [breakdown(0, slow), breakdown(1, slow)],
-                # The slower run compresses nothing: 3 MiB of fp32 gradients a step.
-                **({"grad_bytes": 3 * 2**20} if slow > 1 else {}),
+                # The slower run compresses nothing: 3 MiB of fp32 gradients a step (and
+                # says how many outer steps it took, as a local SGD job does).
+                **({"grad_bytes": 3 * 2**20, "outer_steps": s // 4} if slow > 1 else {}),
             },
             seq=s + 1,
         )
@@ -151,6 +152,9 @@ def test_the_ranks_panel_places_each_rank_and_shows_the_slow_one(
         # Its gradient traffic per step, charted in MiB.
         expect(page.locator("#traffic-figure")).to_be_visible()
         expect(page.locator("#traffic-chart")).to_have_attribute("data-points", str(STEPS))
+        expect(page.locator("#outer-steps")).to_have_text(
+            "Local SGD: 3 outer steps (replicas averaged) by step 12."
+        )
         page.goto(f"{server.url}/#/jobs/{fast}")
         expect(page.locator("#ranks tbody tr")).to_have_count(2)
         expect(page.locator("#ranks tbody tr.slow")).to_have_count(0)

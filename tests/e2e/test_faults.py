@@ -66,6 +66,19 @@ def finished(c: Client, job_id: str) -> dict[str, Any]:
     )
 
 
+def faulted_to_success(
+    c: Client, admin: Client, body: dict[str, Any], kind: str, after_step: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Submit `body`, `kind` on rank 1 once it has trained `after_step` steps; the job, and
+    the job once it SUCCEEDED."""
+    job = c.submit(body)
+    wait_for(c, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= after_step, LIMIT_S)
+    admin.inject_fault(job["id"], kind, 1)
+    done = finished(c, job["id"])
+    assert done["state"] == "SUCCEEDED", messages(c, job["id"])
+    return job, done
+
+
 def events_of(c: Client, job_id: str) -> list[dict[str, Any]]:
     return c.events(job_id, after=0)
 
@@ -123,11 +136,7 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
 ) -> None:
     with service() as svc, svc.running() as server, svc.client(server) as c:
         admin = admin_client(svc, server)
-        job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= 5, LIMIT_S)
-        admin.inject_fault(job["id"], "nan", 1)
-        done = finished(c, job["id"])
-        assert done["state"] == "SUCCEEDED", messages(c, job["id"])
+        job, done = faulted_to_success(c, admin, BODY, "nan", after_step=5)
         restore = resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=None)
         metrics = c.metrics(job["id"])
         events = events_of(c, job["id"])
@@ -157,3 +166,29 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
     for got, want in zip(metrics, expected, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
     assert metrics[step - 1]["loss"] != pytest.approx(reference[step - 1]["loss"], rel=1e-6)
+
+
+# Local SGD (DiLoCo): the replicas agree only every 4 steps, and snapshot there.
+LOCAL_SGD: dict[str, Any] = {
+    **BODY,
+    "name": "e2e-faults-local-sgd",
+    "parallel": {"dp": 2, "dp_mode": "local_sgd", "local_sgd": {"sync_every": 4}},
+    "checkpoint": {"every_steps": 0, "memory_every_steps": 4},
+}
+
+
+def test_a_killed_local_sgd_replica_resumes_from_the_last_sync_with_every_step_once(
+    service: ServiceFactory,
+) -> None:
+    reference: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(LOCAL_SGD), 2, on_metrics=reference.append)
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        admin = admin_client(svc, server)
+        job, _ = faulted_to_success(c, admin, LOCAL_SGD, "kill", after_step=6)
+        # From the snapshot of a sync: each replica's own optimizer state and the outer
+        # momentum come back, so every step after it is the uninterrupted run's.
+        restore = resumed(c, job["id"], tier="memory", after_at_least=4, lost_at_most=4)
+        assert restore["step"] % 4 == 0
+        assert_each_step_once_like(c, job["id"], reference)
+        assert c.metrics(job["id"])[-1]["outer_steps"] == STEPS // 4
+        admin.close()

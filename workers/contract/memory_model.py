@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workers.contract.local_sgd import DataParallelMode
 from workers.contract.sections import ParallelSpec
 
 FP32 = 4
@@ -132,6 +133,11 @@ def model_state_bytes(resolved: dict[str, Any], parallel: ParallelSpec) -> dict[
     last = [_tensor_state(p, parallel) for p in shapes if p.where == "last"]
     layers = layer * (resolved["n_layers"] // parallel.pp)
     if parallel.pp == 1:
-        return _bytes_of(first + layers + last)
+        held = _bytes_of(first + layers + last)
+        if parallel.dp_mode == DataParallelMode.local_sgd:
+            # DiLoCo's anchors and outer momentum: two more fp32 copies of the parameters
+            # (local SGD runs without pp, tp or ZeRO, so every rank holds them whole).
+            held["optim"] += 2 * held["params"]
+        return held
     ends = [_bytes_of(first + layers), _bytes_of(layers + last)]
     return {kind: max(end[kind] for end in ends) for kind in KINDS}

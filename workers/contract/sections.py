@@ -13,6 +13,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from workers.contract.grad_compression import GradCompression, GradCompressionKind
+from workers.contract.local_sgd import DataParallelMode, LocalSgd
 from workers.contract.presets import PRESETS, ffn_hidden_dim
 from workers.contract.strict import _Strict
 
@@ -154,6 +155,9 @@ class ParallelSpec(_Strict):
     fsdp_mixed_precision: bool = True
     # How data-parallel ranks send gradients (workers/contract/grad_compression.py).
     grad_compression: GradCompression = GradCompression()
+    # sync: gradients averaged every step; local_sgd: DiLoCo (workers/contract/local_sgd.py).
+    dp_mode: DataParallelMode = DataParallelMode.sync
+    local_sgd: LocalSgd = LocalSgd()
     # The service chooses the layout at submit (the fastest the cost model predicts on the
     # ranks the cluster has free), within these bounds; `parallel: auto` is short for it.
     # The stored spec holds the chosen layout, with auto off.

@@ -16,6 +16,7 @@ from typing import Annotated, Self
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from workers.contract.grad_compression import GradCompressionKind
+from workers.contract.local_sgd import DataParallelMode, LocalSgd
 from workers.contract.sections import (
     INIT_FROM,
     MAX_GLOBAL_BATCH_TOKENS,
@@ -152,6 +153,9 @@ class JobSpec(_Strict):
                 "parallel.grad_compression.kind='powersgd' cannot take precision 'fp16': an "
                 "overflowed step would poison its error feedback; use bf16 or fp32"
             )
+        problem = _local_sgd_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -187,6 +191,57 @@ class JobSpec(_Strict):
                 f"runs on {world_size} processes; make the product {world_size} or run "
                 f"{par.world_size} processes"
             )
+
+
+def _local_sgd_problem(spec: JobSpec) -> str | None:
+    """What a local_sgd spec asks for that the mode cannot do, with the fix; None if
+    nothing (or the job is not local_sgd)."""
+    par = spec.parallel
+    if par.dp_mode != DataParallelMode.local_sgd:
+        if par.local_sgd != LocalSgd():
+            return (
+                "parallel.local_sgd applies only to parallel.dp_mode 'local_sgd' (this is "
+                f"'{par.dp_mode.value}'); drop it or set dp_mode: local_sgd"
+            )
+        return None
+    if par.auto:
+        return "parallel.dp_mode 'local_sgd' needs a layout you choose: set auto: false and dp"
+    if par.dp < 2:
+        return "parallel.dp_mode 'local_sgd' needs parallel.dp >= 2 replicas to average"
+    if par.tp > 1 or par.pp > 1:
+        return (
+            "parallel.dp_mode 'local_sgd' runs data parallelism only (tensor and pipeline "
+            "parallelism inside a replica are not built): set tp: 1 and pp: 1"
+        )
+    if par.zero_stage > 0:
+        return (
+            "parallel.dp_mode 'local_sgd' needs parallel.zero_stage 0: each replica holds its "
+            "own optimizer state whole"
+        )
+    if par.grad_compression.kind.value != "none":
+        return (
+            "parallel.dp_mode 'local_sgd' sends no per-step gradients to compress: drop "
+            "parallel.grad_compression (local_sgd.delta_dtype: bf16 halves a sync's bytes)"
+        )
+    if spec.precision.value == "fp16":
+        return (
+            "parallel.dp_mode 'local_sgd' cannot take precision 'fp16' (each replica's loss "
+            "scaler would skip different steps); use bf16 or fp32"
+        )
+    if spec.fault_tolerance.elastic is not None:
+        return "parallel.dp_mode 'local_sgd' cannot be elastic yet: drop fault_tolerance.elastic"
+    every = par.local_sgd.sync_every
+    for field, value in (
+        ("checkpoint.every_steps", spec.checkpoint.every_steps),
+        ("checkpoint.memory_every_steps", spec.checkpoint.memory_every_steps),
+    ):
+        if value % every:
+            return (
+                f"{field}={value} is not a multiple of parallel.local_sgd.sync_every={every}: "
+                "replicas hold the same parameters only at a sync, where a checkpoint is "
+                f"taken; make it a multiple of {every}"
+            )
+    return None
 
 
 def spec_hash(spec: JobSpec) -> str:

@@ -29,13 +29,18 @@ def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def memory_held(params: Iterable[torch.Tensor], optimizers: Optimizers) -> dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state right now."""
+def memory_held(
+    params: Iterable[torch.Tensor],
+    optimizers: Optimizers,
+    more_optim: Iterable[torch.Tensor] = (),
+) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state right now
+    (`more_optim`: state beside the optimizers', local SGD's anchors and momentum)."""
     params = list(params)
     return {
         "params": _bytes(local_part(p) for p in params),
         "grads": _bytes(local_part(p.grad) for p in params if p.grad is not None),
-        "optim": _bytes(optimizers.state_tensors()),
+        "optim": _bytes(optimizers.state_tensors()) + _bytes(more_optim),
     }
 
 

@@ -79,11 +79,13 @@ def clip_grad_norm(
     *,
     stage_ranks: int,
     clock: StepClock | None = None,
+    over_world: bool = True,
 ) -> float:
     """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm.
 
     `stage_ranks` is dp x tp: the ranks that share one pipeline stage. Call
-    `settle_partial_grads` first.
+    `settle_partial_grads` first. Without `over_world` the norm is this rank's own (a
+    local SGD replica clips its own gradients; `stage_ranks` is then 1).
     """
     clock = clock or StepClock(torch.device("cpu"))  # disarmed: times nothing
     with clock.part("compute"):
@@ -92,7 +94,7 @@ def clip_grad_norm(
             return 0.0
         local = _squared_norm(grads, stage_ranks)
     with clock.part("comm"):  # the reduction, and the host waiting for its result
-        if dist.is_initialized():
+        if over_world and dist.is_initialized():
             dist.all_reduce(local)
         total = float(local.sqrt().item())
     with clock.part("compute"):

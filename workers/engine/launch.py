@@ -89,7 +89,7 @@ def run_rank(
         )
         stop_at = local.stop_after_step
         summary = trainer.train(
-            (lambda: trainer.step >= stop_at) if stop_at is not None else None,
+            (lambda step: step >= stop_at) if stop_at is not None else None,
             save_on_stop=lambda: True,
         )
     except BaseException:

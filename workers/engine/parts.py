@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workers.contract.grad_compression import GradCompressionKind
+from workers.contract.local_sgd import DataParallelMode
 from workers.contract.sections import Precision
 from workers.contract.spec import JobSpec
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
@@ -94,14 +95,20 @@ def build_model_parts(
             apply_compile(piece)
         if not sharded:
             materialise(piece, source=source, device=device)
-        module = apply_data_parallel(
-            piece,
-            dp_mesh=mesh["dp"],
-            zero_stage=zero,
-            device=device,
-            sync_after_backward=dims.syncs_grads_after_backward,
-            param_dtype=fsdp_param_dtype(spec),
-            reduce_dtype=grad_reduce_dtype(spec),
+        # Local SGD's replicas train alone between syncs (workers/engine/local_sgd.py):
+        # nothing wraps them.
+        module = (
+            piece
+            if spec.parallel.dp_mode == DataParallelMode.local_sgd
+            else apply_data_parallel(
+                piece,
+                dp_mesh=mesh["dp"],
+                zero_stage=zero,
+                device=device,
+                sync_after_backward=dims.syncs_grads_after_backward,
+                param_dtype=fsdp_param_dtype(spec),
+                reduce_dtype=grad_reduce_dtype(spec),
+            )
         )
         if sharded:
             materialise(piece, source=source, device=device)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.contract.local_sgd import DataParallelMode
 from workers.contract.spec import JobSpec, Precision, spec_hash
 from workers.engine.accounting import MEMORY_KINDS, memory_held, peak_flops
 from workers.engine.checkpoint.manager import CheckpointManager
@@ -32,6 +33,7 @@ from workers.engine.dtensor import plain
 from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
 from workers.engine.grad_compression import grad_traffic
 from workers.engine.hf_weights import load_init_from
+from workers.engine.local_sgd import OuterStep
 from workers.engine.loss import cross_entropy, loss_context
 from workers.engine.model import ModelArgs
 from workers.engine.nonfinite import NonFiniteLoss
@@ -42,6 +44,7 @@ from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
 from workers.engine.step_clock import PARTS, PIPELINE, StepClock
+from workers.engine.step_outcome import SaveRequest, StopRequest, StopVote, agree
 from workers.storage.layout import CheckpointLocations
 from workers.storage.skipped_batches import SkippedBatches
 
@@ -105,7 +108,18 @@ class Trainer:
             compression=spec.parallel.grad_compression,
             dims=self.dims,
             micro_batches=spec.accumulation_steps,
+            local_sgd=spec.parallel.dp_mode == DataParallelMode.local_sgd,
         )
+        self.outer: OuterStep | None = None
+        if spec.parallel.dp_mode == DataParallelMode.local_sgd:
+            self.outer = OuterStep(
+                self.parts.modules,
+                spec.parallel.local_sgd,
+                group=self.dp_mesh.get_group(),
+                replicas=self.dims.dp,
+                total_steps=tr.steps,
+                traffic=self.traffic,
+            )
         self._reduce_dtype = grad_reduce_dtype(spec)
         self._logged_local: list[float] = []  # this rank's memory and parts, logged steps
         self.pipeline = None
@@ -133,7 +147,12 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             spec.checkpoint,
             where,
-            tensors=ModelAndOptimizer(self.parts, self.optimizers),
+            tensors=ModelAndOptimizer(
+                self.parts,
+                self.optimizers,
+                outer=self.outer,
+                replica=self.dp_mesh.get_local_rank(),
+            ),
             small={
                 "scaler": self.scaler,
                 "rng": RngState(),
@@ -149,6 +168,7 @@ class Trainer:
             on_commit=on_checkpoint,
         )
         self.step = self.checkpoints.load() or 0  # the step restored after, or a fresh start
+        self.vote = StopVote()  # train() fills in who asks to stop
 
     @property
     def model(self) -> nn.Module:
@@ -252,20 +272,32 @@ class Trainer:
             skipped = self.scaler.unscale_and_check(params)
         grad_norm = math.nan
         if not skipped:
+            alone = self.outer is not None  # a local SGD replica clips on its own
             grad_norm = clip_grad_norm(
                 params,
                 self.spec.train.grad_clip or math.inf,
-                stage_ranks=self.dims.dp * self.dims.tp,
+                stage_ranks=1 if alone else self.dims.dp * self.dims.tp,
                 clock=clock,
+                over_world=not alone,
             )
             with clock.part("compute"):
                 self.optimizers.step()
+        syncs = self.outer is not None and self.outer.due(step)
+        if self.outer is not None and syncs:
+            with clock.part("comm"):
+                self.outer.sync()
         with clock.part("compute"):
             self.scaler.update(skipped)
-            memory = memory_held(params, self.optimizers) if logged else None
+            outer_state = self.outer.state_tensors() if self.outer is not None else []
+            memory = memory_held(params, self.optimizers, outer_state) if logged else None
             self.optimizers.zero_grad(set_to_none=True)
         with clock.part("comm"):
-            loss_value = self._global_mean(local_loss)
+            if self.outer is None or syncs or logged:
+                # The loss's mean and the stop vote, in one all-reduce.
+                copies = self.dims.dp * self.dims.tp
+                loss_value = agree(local_loss, self.vote, step, loss_copies=copies)
+            else:  # a local SGD replica between syncs: nothing crosses replicas
+                loss_value = float(local_loss.item())
         if not math.isfinite(loss_value):  # the same value on every rank: all raise
             raise NonFiniteLoss(step, loss_value, self.loader.batch_of(step))
         if self.device.type == "cuda":
@@ -293,6 +325,8 @@ class Trainer:
         self.traffic.step_done()
         if logged and self.dims.dp > 1:  # the mean over the steps since the last logged one
             metrics["grad_bytes"] = self.traffic.take_per_step()
+        if logged and self.outer is not None:
+            metrics["outer_steps"] = self.outer.syncs_by(step)
         if self.scaler.enabled:
             metrics.update(
                 loss_scale=self.scaler.scale,
@@ -374,12 +408,13 @@ class Trainer:
 
     def train(
         self,
-        should_stop: Callable[[], bool] | None = None,
+        should_stop: StopRequest | None = None,
         *,
-        save_on_stop: Callable[[], bool] | None = None,
+        save_on_stop: SaveRequest | None = None,
     ) -> dict[str, Any]:
-        """Train to `train.steps` (or until `should_stop()`, then checkpoint if
-        `save_on_stop`); returns the run summary."""
+        """Train to `train.steps`, or until the ranks agree to stop (any rank's
+        `should_stop(step)` as a step ends; then a checkpoint if any rank's `save_on_stop()`
+        says so: workers/engine/step_outcome.py); returns the run summary."""
         total = self.spec.train.steps
         step_times: list[float] = []
         last: dict[str, Any] = {}
@@ -390,7 +425,8 @@ class Trainer:
             self.layout,
             self.step,
         )
-        while self.step < total and not (should_stop and should_stop()):
+        self.vote = StopVote(should_stop, save_on_stop)
+        while self.step < total and not self._stops_here():
             metrics = self.train_step()
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
@@ -403,10 +439,15 @@ class Trainer:
                 self.on_metrics(metrics)
             if self.on_step is not None:
                 self.on_step(self.step)
-        if save_on_stop is not None and save_on_stop():
+        if self.vote.save:
             self.checkpoints.save_on_stop(self.step)
         self.checkpoints.wait()
         return self._summary(last, step_times)
+
+    def _stops_here(self) -> bool:
+        """The ranks agreed to stop, and may stop after this step: any step, or under local
+        SGD a sync (a pause or a stop then takes effect at the next sync)."""
+        return self.vote.stop and (self.outer is None or self.outer.due(self.step))
 
     def _peak_memory(self) -> int:
         """The most memory any rank used: allocated GPU memory, or resident set on CPU."""

@@ -190,7 +190,7 @@ class TrainingWorker:
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
 
-    def _should_stop(self) -> bool:
+    def _should_stop(self, step: int) -> bool:
         return self._stop.is_set()
 
     def _on_event(self, event: Event) -> None:

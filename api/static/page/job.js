@@ -240,6 +240,13 @@ export class JobPage {
     $("mfu-figure").hidden = !this.metrics.some((r) => Number.isFinite(r.mfu));
     $("memory-figure").hidden = !this.metrics.some((r) => r.mem_bytes);
     $("traffic-figure").hidden = !this.metrics.some((r) => r.grad_bytes > 0);
+    // Local SGD sends its bytes only when the replicas sync: say how often that was.
+    const outer = this.metrics.findLast((r) => Number.isFinite(r.outer_steps));
+    $("outer-steps").hidden = !outer;
+    if (outer) {
+      $("outer-steps").textContent = `Local SGD: ${outer.outer_steps} outer ` +
+        `step${outer.outer_steps === 1 ? "" : "s"} (replicas averaged) by step ${outer.step}.`;
+    }
     // The parent's steps before this job's own, where it has one (they never overlap).
     const first = this.metrics[0]?.step ?? Infinity;
     const before = (this.parent?.rows ?? []).filter((r) => r.step < first)

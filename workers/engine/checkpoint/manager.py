@@ -85,7 +85,7 @@ class CheckpointManager:
         parts; returns the step it was taken after, or None where there is none."""
         if self.storage is None:
             return None
-        found = self.storage.restore(self.where, self.tensors.state_dict)
+        found = self.storage.restore(self.where, self.tensors.load_template)
         if found is None:
             return None
         ckpt, state = found

@@ -3,6 +3,12 @@
 Tensors go to DCP, keyed by the model's own names in every layout (`model.<name>`,
 `optim.<name>.<key>`), so any layout restores any other's checkpoint; small parts (the
 loss scaler, the RNG) go into the manifest as JSON, so a restore never unpickles.
+
+Under local SGD (workers/engine/local_sgd.py) the replicas' optimizer states differ:
+replica 0's is `optim.*` as in any layout, replica r's is `replica<r>.optim.*`, and the
+outer momentum is `outer.<name>.momentum`. A replica that the checkpoint had restores its
+own; one it did not have (or any replica, from a checkpoint of another mode) restores
+replica 0's, and starts the outer momentum from zero where the checkpoint has none.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from workers.engine.local_sgd import OuterStep
 from workers.engine.optimizer import Optimizers
 from workers.engine.parts import ModelParts
 
@@ -21,6 +28,7 @@ class TensorState(Protocol):
     """A part saved as tensors; DCP loads into `state_dict()`'s own tensors in place."""
 
     def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def load_template(self, manifest: dict[str, Any]) -> dict[str, torch.Tensor]: ...
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
@@ -35,18 +43,42 @@ class ModelAndOptimizer:
     """Model and optimizer tensors: the parameters' and the optimizer's own (DTensor
     shards where sharded)."""
 
-    def __init__(self, parts: ModelParts, optimizers: Optimizers) -> None:
+    def __init__(
+        self,
+        parts: ModelParts,
+        optimizers: Optimizers,
+        *,
+        outer: OuterStep | None = None,
+        replica: int = 0,
+    ) -> None:
         self.parts = parts
         self.optimizers = optimizers
+        self.outer = outer  # local SGD's outer step, if the job runs it
+        self.replica = replica  # this rank's data-parallel replica
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        own = self.replica if self.outer is not None else 0
+        return self._state(optim_replica=own, outer=self.outer is not None)
+
+    def load_template(self, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What to load from a checkpoint with this manifest: this replica's own optimizer
+        state where it has it, else replica 0's."""
+        parallel = manifest.get("spec", {}).get("parallel", {})
+        saved_local_sgd = parallel.get("dp_mode") == "local_sgd"
+        own = self.replica if saved_local_sgd and self.replica < parallel.get("dp", 1) else 0
+        return self._state(optim_replica=own, outer=saved_local_sgd and self.outer is not None)
+
+    def _state(self, *, optim_replica: int, outer: bool) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
         for module in self.parts.modules:
             for name, value in get_model_state_dict(module).items():
                 assert isinstance(value, torch.Tensor), name  # the model holds only tensors
                 state[f"model.{name}"] = value
+        prefix = f"replica{optim_replica}.optim." if optim_replica else "optim."
         for name, value in self.optimizers.state_dict().items():
-            state[f"optim.{name}"] = value
+            state[f"{prefix}{name}"] = value
+        if outer and self.outer is not None:
+            state.update(self.outer.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -57,6 +89,8 @@ class ModelAndOptimizer:
             }
             set_model_state_dict(module, own)
         self.optimizers.after_params_loaded()
+        if self.outer is not None:
+            self.outer.after_params_loaded()
 
 
 class RngState:

@@ -242,13 +242,14 @@ class CheckpointTier:
         return [(CheckpointStore(url), ckpt) for url, ckpt in found[0]]
 
     def restore(
-        self, where: CheckpointLocations, make_state: Callable[[], dict[str, torch.Tensor]]
+        self,
+        where: CheckpointLocations,
+        make_state: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
     ) -> tuple[CommittedCheckpoint, dict[str, torch.Tensor]] | None:
-        """Load the newest checkpoint that verifies into the tensors of `make_state()` (in
-        place); returns it and the state, or None where there is none."""
-        candidates = self.candidates(where)
-        state = make_state() if candidates else {}
-        for store, ckpt in candidates:
+        """Load the newest checkpoint that verifies into the tensors of
+        `make_state(its manifest)` (in place); returns it and the state, or None where there
+        is none."""
+        for store, ckpt in self.candidates(where):
             problem = self._verify(store, ckpt)
             if problem is not None:
                 self.on_event(
@@ -260,6 +261,7 @@ class CheckpointTier:
                 )
                 continue
             start = time.perf_counter()
+            state = make_state(ckpt.manifest)
             dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
             self.restored_step = ckpt.step
             tier = "memory" if store.url == where.snapshot_url else "storage"
