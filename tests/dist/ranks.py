@@ -27,7 +27,10 @@ def _rank(fn: RankFn, rank: int, world_size: int, port: int, results: mp.Queue) 
     device = torch.device("cpu")
     try:
         init_world(
-            rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port,
+            rank=rank,
+            world_size=world_size,
+            master_addr="127.0.0.1",
+            master_port=port,
             device=device,
         )
         results.put((rank, "ok", fn(rank, world_size, device)))
@@ -38,8 +41,11 @@ def _rank(fn: RankFn, rank: int, world_size: int, port: int, results: mp.Queue) 
     exit_rank_process(0, results)
 
 
-def on_ranks(fn: RankFn, world_size: int, timeout_s: float = 300.0) -> list[Any]:
-    """`fn(rank, world_size, device)` on each rank; the results in rank order."""
+def on_ranks(
+    fn: RankFn, world_size: int, timeout_s: float = 300.0, dying: frozenset[int] = frozenset()
+) -> list[Any]:
+    """`fn(rank, world_size, device)` on each rank; the results in rank order (None for
+    the `dying` ranks, which exit without one)."""
     ctx = rank_processes()  # forked from the engine's fork server, as train_local's ranks
     results: mp.Queue = ctx.Queue()
     port = free_port()
@@ -51,16 +57,18 @@ def on_ranks(fn: RankFn, world_size: int, timeout_s: float = 300.0) -> list[Any]
         p.start()
     try:
         got: dict[int, Any] = {}
-        while len(got) < world_size:
+        while len(got) < world_size - len(dying):
             try:
                 rank, kind, value = results.get(timeout=timeout_s)
             except queue.Empty:
-                raise AssertionError(f"ranks {sorted(set(range(world_size)) - set(got))} "
-                                     f"sent nothing in {timeout_s:.0f}s") from None
+                raise AssertionError(
+                    f"ranks {sorted(set(range(world_size)) - set(got))} "
+                    f"sent nothing in {timeout_s:.0f}s"
+                ) from None
             if kind == "error":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             got[rank] = value
-        return [got[r] for r in range(world_size)]
+        return [got.get(r) for r in range(world_size)]
     finally:
         for p in procs:
             p.join(timeout=30)

@@ -12,6 +12,8 @@ def trial(mttr: float | None, lost: int = 2, done: bool = True) -> dict[str, Any
     return {
         "state": "SUCCEEDED" if done else "FAILED",
         "mttr_s": mttr,
+        # Noticing the failure and taking the old ranks down: 0.4 s more.
+        "fault_to_step_s": None if mttr is None else mttr + 0.4,
         "steps_lost": lost,
         "goodput": 0.9,
         "every_step_once": done,
@@ -33,6 +35,8 @@ def test_the_summary_counts_every_trial() -> None:
         "every_step_once": False,
         "mttr_p50_s": 1.2,
         "mttr_p99_s": 3.4,
+        "fault_to_step_p50_s": 1.6,
+        "fault_to_step_p99_s": 3.8,
         "steps_lost_mean": 2.7,
         "goodput_mean": 0.9,
     }

@@ -42,6 +42,17 @@ def test_policy_backs_off_in_a_crash_loop_then_gives_up() -> None:
     assert not fourth.retry and "max_failures=3" in fourth.reason
 
 
+def test_a_failure_on_a_live_node_is_retried_at_once_but_a_crash_loop_still_waits() -> None:
+    now = [0.0]
+    policy = FailurePolicy(max_failures=10, base_backoff_s=1.0, clock=lambda: now[0])
+    first = policy.decide(1, "rank 1 killed", node_suspect=False)
+    assert first.backoff_s == 0.0 and "restarting at once)" in first.reason
+    now[0] += 5.0
+    assert policy.decide(2, "rank 1 killed", node_suspect=False).backoff_s == 2.0
+    now[0] += 61.0
+    assert policy.decide(3, "node lost", node_suspect=True).backoff_s == 1.0
+
+
 def test_failures_far_apart_wait_a_second_however_many() -> None:
     now = [0.0]
     policy = FailurePolicy(max_failures=10, base_backoff_s=1.0, clock=lambda: now[0])

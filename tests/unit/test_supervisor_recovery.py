@@ -108,9 +108,12 @@ def training() -> list[WorkerStatus]:
 
 @pytest.mark.parametrize("interrupt", ["cancel", "pause"])
 def test_a_cancel_or_pause_does_not_wait_out_the_backoff(tmp_path: Path, interrupt: str) -> None:
-    workers = ScriptedWorkers([[boom()], [training()]])
+    # Rank 1 lost, and nothing says its node lives: the first failure waits the base
+    # backoff (a node may be gone), set far longer than this test may take.
+    lost = [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, lost=True)]
+    workers = ScriptedWorkers([[lost], [training()]])
     sup = make(tmp_path, workers, max_failures=5)
-    sup.handling.policy.base_backoff_s = 120.0  # a backoff far longer than this test may take
+    sup.handling.policy.base_backoff_s = 120.0
     runner = threading.Thread(target=sup.run, daemon=True)
     runner.start()
     deadline = time.monotonic() + 30
@@ -301,3 +304,41 @@ def test_steps_whose_poll_was_lost_are_taken_from_the_metrics_file(tmp_path: Pat
     assert sup.run() == JobState.SUCCEEDED
     steps = [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
     assert steps == [1, 2, 3, 4]
+
+
+class PlacedScriptedWorkers(ScriptedWorkers):
+    """Scripted workers that say where each rank runs (ranks 0 and 1 on `nodes`)."""
+
+    def __init__(self, scripts: list[list[list[WorkerStatus]]], nodes: list[str]) -> None:
+        super().__init__(scripts)
+        self.nodes = nodes
+
+    def node_of(self, ranks: list[int]) -> list[str]:
+        return [self.nodes[r] for r in ranks]
+
+    def exclude_nodes(self, nodes: set[str]) -> set[str]:
+        return set()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "says"),
+    [(["node-a", "node-a"], "restarting at once"), (["node-a", "node-b"], "restarting in 1s")],
+    ids=["beside-a-live-rank", "alone-on-its-node"],
+)
+def test_a_lost_rank_beside_one_that_answers_is_restarted_at_once(
+    tmp_path: Path, nodes: list[str], says: str
+) -> None:
+    lost = [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, lost=True)]
+    workers = PlacedScriptedWorkers([[lost], [training()]], nodes)
+    sup = make(tmp_path, workers, max_failures=5)
+    sup.handling.policy.base_backoff_s = 1.0
+    runner = threading.Thread(target=sup.run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not any(e.message.startswith("failure:") for e in events(sup)):
+        assert time.monotonic() < deadline, workers.calls
+        time.sleep(0.01)
+    sup.cancel()
+    runner.join(timeout=30)
+    failure = next(e.message for e in events(sup) if e.message.startswith("failure:"))
+    assert says in failure, failure

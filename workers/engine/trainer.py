@@ -335,6 +335,20 @@ class Trainer:
             )
         return metrics
 
+    def _log(self, metrics: dict[str, Any]) -> None:
+        """Hand a logged step's metrics on, with every rank's part of them where the ranks
+        can still gather. Where a peer died after this step's checkpoint committed, the
+        metrics go on without the ranks' breakdown before the error does: a restore from
+        that checkpoint trains on after this step, and would never record it."""
+        try:
+            self._gather_logged(metrics)
+        except Exception:
+            if self.on_metrics is not None:
+                self.on_metrics(metrics)
+            raise
+        if self.on_metrics is not None:
+            self.on_metrics(metrics)
+
     def _gather_logged(self, metrics: dict[str, Any]) -> None:
         """A logged step's memory (the most any rank holds, per kind) and every rank's
         breakdown of its step, in one collective after the step's checkpoint."""
@@ -433,10 +447,8 @@ class Trainer:
                 metrics["val_loss"] = self.evaluate()
             metrics.update(self.checkpoints.save(self.step, last_step=self.step == total))
             if self._should_log(self.step):
-                self._gather_logged(metrics)
+                self._log(metrics)
             last = metrics
-            if self._should_log(self.step) and self.on_metrics is not None:
-                self.on_metrics(metrics)
             if self.on_step is not None:
                 self.on_step(self.step)
         if self.vote.save:

@@ -31,14 +31,15 @@ class FailurePolicy:
     stored with it: every supervisor starts from it and the reconciler (a lost supervisor)
     decides by the same policy.
 
-    The backoff grows in crash loops only: a failure more than `healthy_s` after the one
-    before it (the job trained in between) waits `base_backoff_s`; each failure that
-    follows its predecessor sooner waits twice as long as the last, up to
-    `max_backoff_s`. Far-apart failures (a node lost today, a rank killed tomorrow) then
-    cost a second each however many the job has had. (Not zero: a restart at once after
-    a node is lost can place ranks on the node before Ray has declared it dead, and their
-    start then waits out the join timeout: the elastic e2e test took 400 s instead of
-    108 s.)"""
+    The backoff grows in crash loops only. A failure more than `healthy_s` after the one
+    before it (the job trained in between) is retried at once, or after `base_backoff_s`
+    where a node may be lost (`node_suspect`: a rank died and nothing of the job on its
+    node answered). Each failure that follows its predecessor sooner waits twice as long
+    as the last, up to `max_backoff_s`. Far-apart failures (a node lost today, a rank
+    killed tomorrow) then cost nothing, or a second, however many the job has had. (The
+    second for a node: a restart at once after a node is lost can place ranks on the node
+    before Ray has declared it dead, and their start then waits out the join timeout: the
+    elastic e2e test took 400 s instead of 108 s.)"""
 
     def __init__(
         self,
@@ -56,7 +57,14 @@ class FailurePolicy:
         self._last_failure_at: float | None = None
         self._streak = 0  # failures in the current crash loop, this one included
 
-    def decide(self, failures_so_far: int, error: str, *, deterministic: bool = False) -> Decision:
+    def decide(
+        self,
+        failures_so_far: int,
+        error: str,
+        *,
+        deterministic: bool = False,
+        node_suspect: bool = True,
+    ) -> Decision:
         """`failures_so_far` counts this failure too. A deterministic failure (the job's own
         spec or data cannot work) would fail the same way again: no retry."""
         if deterministic:
@@ -67,9 +75,9 @@ class FailurePolicy:
                 f"{error} (failure {failures_so_far}, more than "
                 f"fault_tolerance.max_failures={self.max_failures})",
             )
-        backoff = self._backoff()
+        backoff = self._backoff(node_suspect)
         loop = " (a crash loop)" if self._streak > 1 else ""
-        when = f"in {backoff:.0f}s{loop}"
+        when = f"in {backoff:.0f}s{loop}" if backoff else "at once"
         return Decision(
             True,
             f"{error} (failure {failures_so_far} of at most "
@@ -77,11 +85,13 @@ class FailurePolicy:
             backoff,
         )
 
-    def _backoff(self) -> float:
+    def _backoff(self, node_suspect: bool) -> float:
         now = self.clock()
         apart = self._last_failure_at is None or now - self._last_failure_at >= self.healthy_s
         self._streak = 1 if apart else self._streak + 1
         self._last_failure_at = now
+        if self._streak == 1 and not node_suspect:
+            return 0.0
         return min(self.base_backoff_s * 2 ** (self._streak - 1), self.max_backoff_s)
 
 

@@ -9,7 +9,7 @@ import threading
 from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import JobState
 from workers.contract.spec import JobSpec
-from workers.runtime.placement.node_health import NodeHealth
+from workers.runtime.placement.node_health import NodeHealth, PlacedWorkers
 from workers.runtime.supervisor.decisions import FailurePolicy, Next, NonFinitePolicy
 from workers.runtime.supervisor.recovery import Recoveries
 from workers.runtime.supervisor.relay import ProgressRelay
@@ -46,7 +46,12 @@ class FailureHandling:
         # same failure (the step runs again), not counted as a second one.
         self.workers.kill_workers()
         self.failures += 1
-        decision = self.policy.decide(self.failures, group.error, deterministic=group.deterministic)
+        decision = self.policy.decide(
+            self.failures,
+            group.error,
+            deterministic=group.deterministic,
+            node_suspect=self._node_suspect(group),
+        )
         # The event carries the job's count: the reconciler stores it with the event, so
         # it counts even where the state it leads to is not taken (a cancel won) or not
         # new (a failure while RESTARTING).
@@ -68,6 +73,18 @@ class FailureHandling:
         # are not sent twice).
         self.wake.wait(decision.backoff_s)
         return Next(JobState.RESTARTING, decision.reason)
+
+    def _node_suspect(self, group: GroupStatus) -> bool:
+        """Whether a node of the job may be lost: a rank died or stopped answering and no
+        rank on its node answered. A killed or frozen process beside a rank that answers
+        is no node loss, and is restarted at once."""
+        if not group.lost:
+            return False
+        if not isinstance(self.workers, PlacedWorkers):
+            return True
+        answered = [s.rank for s in group.statuses if s.rank not in group.lost]
+        alive = set(self.workers.node_of(answered))
+        return any(node not in alive for node in self.workers.node_of(group.lost))
 
     def nonfinite_loss(self, group: GroupStatus) -> Next:
         """Roll back to the newest snapshot and skip the batch, or fail (the policy says
