@@ -282,14 +282,17 @@ class Trainer:
             )
             with clock.part("compute"):
                 self.optimizers.step()
-        syncs = self.outer is not None and self.outer.due(step)
-        if self.outer is not None and syncs:
+        syncs = False
+        if self.outer is not None and self.outer.due(step):
+            syncs = True
             with clock.part("comm"):
                 self.outer.sync()
         with clock.part("compute"):
             self.scaler.update(skipped)
-            outer_state = self.outer.state_tensors() if self.outer is not None else []
-            memory = memory_held(params, self.optimizers, outer_state) if logged else None
+            memory = None
+            if logged:  # local SGD's anchors and momentum count as optimizer state
+                more = self.outer.state_tensors() if self.outer is not None else []
+                memory = memory_held(params, self.optimizers, more)
             self.optimizers.zero_grad(set_to_none=True)
         with clock.part("comm"):
             if self.outer is None or syncs or logged:
