@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from api.client import Client
+from service.local_ray import find_local_ray
 from workers.contract.net import free_port
 
 
@@ -32,8 +33,9 @@ class LocalService:
 def local_service(
     state_dir: Path, startup_timeout_s: float = 180.0, server_src: Path | None = None
 ) -> Iterator[LocalService]:
-    """`shardline serve` on its embedded defaults under `state_dir`; stopped on exit.
-    `server_src`: serve the code of another checkout (a benchmark's "before")."""
+    """`shardline serve` on its embedded defaults under `state_dir`; stopped on exit, with
+    its local Ray head. `server_src`: serve the code of another checkout (a benchmark's
+    "before")."""
     port = free_port()
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir / "serve.log"
@@ -68,3 +70,9 @@ def local_service(
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        # With a job still running serve keeps its head, for the next serve to re-attach.
+        # Nothing comes back to this state dir (a bench or a demo that stopped mid-job),
+        # so the head goes too, with every job process it started.
+        head = find_local_ray(state_dir)
+        if head is not None:
+            head.stop()
