@@ -19,7 +19,9 @@ from workers.contract.spec import JobSpec
 from workers.engine.grad_compression import GradTraffic
 from workers.engine.launch import LocalCheckpoints, train_local
 from workers.engine.local_sgd import OuterStep
-from workers.storage.checkpoints import CheckpointStore
+from workers.engine.trainer import Trainer
+from workers.storage.checkpoints import CheckpointStore, RestoreSource
+from workers.storage.layout import CheckpointLocations
 
 
 def _one_sync(
@@ -121,3 +123,23 @@ def test_a_stop_between_syncs_waits_for_the_next_and_resumes_exactly(
     want = {m["step"]: m["loss"] for m in straight}
     for m in resumed:
         assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6), m["step"]
+
+
+def _restored_moments(folder: str, rank: int, world_size: int, device: torch.device) -> float:
+    trainer = Trainer(
+        diloco_spec(),  # sync: the replicas step together from here
+        world_size=world_size,
+        device=device,
+        checkpoints=CheckpointLocations(restore_from=(RestoreSource(folder),)),
+    )
+    assert trainer.step == 8
+    state = trainer.optimizers.state_dict()
+    return sum(float(v.double().sum()) for k, v in state.items() if not k.endswith(".step"))
+
+
+def test_a_sync_job_resumed_from_local_sgd_starts_every_replica_the_same(tmp_path: Path) -> None:
+    spec = diloco_spec(dp_mode="local_sgd", local_sgd={"sync_every": 4})
+    spec = spec.model_copy(update={"train": spec.train.model_copy(update={"steps": 8})})
+    run(spec, LocalCheckpoints(str(tmp_path)))
+    ours, theirs = on_ranks(functools.partial(_restored_moments, str(tmp_path)), 2, timeout_s=120)
+    assert ours == theirs  # both hold replica 0's moments, not each its own

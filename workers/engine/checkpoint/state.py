@@ -61,12 +61,13 @@ class ModelAndOptimizer:
         return self._state(optim_replica=own, outer=self.outer is not None)
 
     def load_template(self, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """What to load from a checkpoint with this manifest: this replica's own optimizer
-        state where it has it, else replica 0's."""
+        """What to load from a checkpoint with this manifest: under local SGD on both
+        sides, this replica's own optimizer state where the checkpoint has it; else
+        replica 0's (a job whose replicas step together must start them the same)."""
         parallel = manifest.get("spec", {}).get("parallel", {})
-        saved_local_sgd = parallel.get("dp_mode") == "local_sgd"
-        own = self.replica if saved_local_sgd and self.replica < parallel.get("dp", 1) else 0
-        return self._state(optim_replica=own, outer=saved_local_sgd and self.outer is not None)
+        both = parallel.get("dp_mode") == "local_sgd" and self.outer is not None
+        own = self.replica if both and self.replica < parallel.get("dp", 1) else 0
+        return self._state(optim_replica=own, outer=both)
 
     def _state(self, *, optim_replica: int, outer: bool) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
