@@ -6,9 +6,10 @@ loss scaler, the RNG) go into the manifest as JSON, so a restore never unpickles
 
 Under local SGD (workers/engine/local_sgd.py) the replicas' optimizer states differ:
 replica 0's is `optim.*` as in any layout, replica r's is `replica<r>.optim.*`, and the
-outer momentum is `outer.<name>.momentum`. A replica that the checkpoint had restores its
-own; one it did not have (or any replica, from a checkpoint of another mode) restores
-replica 0's, and starts the outer momentum from zero where the checkpoint has none.
+outer momentum is `outer.<name>.momentum`. A local SGD replica that a local SGD checkpoint
+had restores its own; any other replica (one it did not have, or a job or checkpoint of
+another mode) restores replica 0's, and the outer momentum starts from zero where the
+checkpoint has none.
 """
 
 from __future__ import annotations
