@@ -99,12 +99,12 @@ def measure(
         client.inject_fault(job["id"], kind, rank=1)
     end = wait(client, job["id"], lambda j: False)
     events = client.events(job["id"], after=0)
-    recoveries = [e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery"]
+    closed = [e for e in events if (e["data"] or {}).get("kind") == "recovery"]
+    recoveries = [e["data"] for e in closed]
     metrics = client.metrics(job["id"])
     steps = [m["step"] for m in metrics]
     fault_to_step = None
     faults = [e for e in events if e["message"].startswith("fault injected")]
-    closed = [e for e in events if (e["data"] or {}).get("kind") == "recovery"]
     if closed and faults:
         took = datetime.fromisoformat(closed[0]["time"]) - datetime.fromisoformat(faults[0]["time"])
         fault_to_step = round(took.total_seconds(), 2)

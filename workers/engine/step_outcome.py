@@ -44,12 +44,11 @@ def agree(
     step: int,
     *,
     loss_copies: int,
-    group: dist.ProcessGroup | None = None,
 ) -> float:
-    """Sum `[loss, stop, save]` over `group` (the world by default); returns the mean loss
-    and records the agreed stop and save in `vote`.
+    """Sum `[loss, stop, save]` over the world; returns the mean loss and records the
+    agreed stop and save in `vote`.
 
-    `loss_copies` is how many ranks of `group` contribute the loss summed: the last
+    `loss_copies` is how many ranks contribute the loss summed: the last
     pipeline stage's dp x tp ranks (tensor-parallel peers each hold the same value); ranks
     without the loss contribute 0.
     """
@@ -60,8 +59,8 @@ def agree(
             torch.tensor([stop, save], dtype=torch.float64).to(local_loss.device),
         ]
     )
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(values, group=group)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values)
     loss, stops, saves = values.tolist()
     vote.stop = vote.stop or stops > 0
     vote.save = vote.save or saves > 0
