@@ -8,6 +8,7 @@ returns. The function must live at module level so the rank processes can import
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import traceback
 from collections.abc import Callable
@@ -15,8 +16,8 @@ from typing import Any
 
 import torch
 
-from workers.engine.distributed import init_world, leave_world, limit_cpu_threads
 from workers.contract.net import free_port
+from workers.engine.distributed import init_world, leave_world, limit_cpu_threads
 from workers.engine.launch import exit_rank_process, rank_processes
 
 RankFn = Callable[[int, int, torch.device], Any]
@@ -33,7 +34,10 @@ def _rank(fn: RankFn, rank: int, world_size: int, port: int, results: mp.Queue) 
             master_port=port,
             device=device,
         )
-        results.put((rank, "ok", fn(rank, world_size, device)))
+        # Plain pickle bytes, not the queue's own pickler: that one sends a tensor's storage
+        # as a file descriptor which this process must still serve when the parent reads
+        # it, and the rank exits at once ("Connection reset by peer" in the parent).
+        results.put((rank, "ok", pickle.dumps(fn(rank, world_size, device))))
         leave_world()
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
@@ -67,7 +71,7 @@ def on_ranks(
                 ) from None
             if kind == "error":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            got[rank] = value
+            got[rank] = pickle.loads(value)
         return [got.get(r) for r in range(world_size)]
     finally:
         for p in procs:
