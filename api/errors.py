@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,6 +68,24 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
         self.headers = headers
+
+
+@contextmanager
+def checkpoint_storage() -> Iterator[None]:
+    """A read of the checkpoint storage: one that does not answer is a 503 that says so,
+    not a 500 (an object store's client raises its own errors, not OSError)."""
+    try:
+        yield
+    except ApiError:
+        raise
+    except Exception as err:
+        log.warning("the checkpoint storage failed a read: %r", err)
+        raise ApiError(
+            503,
+            "unavailable",
+            f"the checkpoint storage did not answer ({type(err).__name__}: {err}); "
+            "try again, or ask an admin to check SHARDLINE_CHECKPOINT_ROOT",
+        ) from None
 
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from workers.storage.layout import JobLayout
+from workers.storage.urls import storage_url_problem
 
 DEFAULT_STATE_DIR = Path(".shardline")
 
@@ -66,6 +67,12 @@ class Settings(BaseSettings):
     min_core_share: Annotated[float, Field(ge=0.0, le=64.0)] = 0.25
     # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
     storage_root: Path | None = None
+    # Every job's checkpoints under <checkpoint_root>/<job id>/checkpoints/ instead of
+    # storage_root: a folder (the same shared mount on every node) or an fsspec URL such
+    # as s3://bucket/prefix (pip install 'shardline[s3]'). Each node reads its own
+    # credentials for it, as the storage's client library finds them (for S3: AWS_*
+    # variables, a profile or an instance role); none are passed to jobs.
+    checkpoint_root: str | None = None
     # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots
     # on each node, or its temp folder where it has no /dev/shm.
     snapshot_root: Path | None = None
@@ -103,6 +110,19 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [Path(part) for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("checkpoint_root")
+    @classmethod
+    def _check_checkpoint_root(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if "://" not in value:
+            return str(Path(value).expanduser().resolve())
+        problem = storage_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _refuse_weak_ray_token(self) -> Settings:
@@ -144,13 +164,16 @@ class Settings(BaseSettings):
     def job_layout(self, job_id: str) -> JobLayout:
         """Every path of one job, under this server's roots."""
         snapshots = str(self.snapshot_root.resolve()) if self.snapshot_root else None
-        return JobLayout(str(self.resolved_storage_root), job_id, snapshots)
+        return JobLayout(str(self.resolved_storage_root), job_id, snapshots, self.checkpoint_root)
 
     @property
     def private_dirs(self) -> list[Path]:
         """Folders no job may read as data: they hold the admin token, the database and
         every job's checkpoints and logs."""
-        return [self.state_dir.resolve(), self.resolved_storage_root]
+        private = [self.state_dir.resolve(), self.resolved_storage_root]
+        if self.checkpoint_root is not None and "://" not in self.checkpoint_root:
+            private.append(Path(self.checkpoint_root))
+        return private
 
     @property
     def resolved_admin_token_file(self) -> Path:

@@ -30,7 +30,7 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from api.deps import CurrentUser, SettingsDep, StoreDep
-from api.errors import ApiError
+from api.errors import ApiError, checkpoint_storage
 from api.openapi import error_responses
 from api.rate_limit import retry_after_header
 from service.config import Settings
@@ -171,9 +171,10 @@ async def export_job(
     async with slots.slot():
         layout = settings.job_layout(job.id)
         checkpoints = layout.checkpoints()
-        ckpt, pin = await loop.run_in_executor(
-            slots.executor, _pinned_checkpoint, checkpoints, job.id, step
-        )
+        with checkpoint_storage():
+            ckpt, pin = await loop.run_in_executor(
+                slots.executor, _pinned_checkpoint, checkpoints, job.id, step
+            )
         layout.exports_dir.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix="export-", dir=layout.exports_dir))
         try:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from api.bodies import parse_body
 from api.deps import CallerDep, CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep, read_as
-from api.errors import ApiError
+from api.errors import ApiError, checkpoint_storage
 from api.init_from import resolve_spec_init_from
 from api.json_body import json_body
 from api.openapi import error_responses, request_body
@@ -113,8 +113,9 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
     if source is None:
         return
     job = store.get(source.job_id, user)
-    checkpoints = settings.job_layout(job.id).checkpoints()
-    if checkpoints.find(source.step) is None:
+    with checkpoint_storage():
+        found = settings.job_layout(job.id).checkpoints().find(source.step)
+    if found is None:
         which = f"at step {source.step}" if source.step else "yet"
         raise ApiError(
             422,

@@ -2,59 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.dist.test_checkpoint import layout_spec, losses, train
-from workers.storage.checkpoints import CheckpointStore
-from workers.contract.net import free_port
+from tests.support.s3 import BUCKET, local_s3
 from workers.engine.launch import LocalCheckpoints
-
-BUCKET = "shardline-test"
+from workers.storage.checkpoints import CheckpointStore
 
 
 @pytest.fixture
 def s3_endpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "moto.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url, timeout=1)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline, "moto died"
-                time.sleep(0.2)
-        # The ranks are spawned processes: they read these from the environment.
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": url,
-        }.items():
-            monkeypatch.setenv(key, value)
-        httpx.put(f"{url}/{BUCKET}", timeout=10).raise_for_status()
+    with local_s3(monkeypatch, tmp_path / "moto.log") as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-        log.close()
 
 
 def test_job_saves_to_and_resumes_from_s3(s3_endpoint: str) -> None:

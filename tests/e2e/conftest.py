@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -20,11 +19,9 @@ from api.client import Client
 from service.config import Settings
 from service.db import Database
 from service.local_ray import LocalRay
-from service.migrate import upgrade_to_head
 from service.ray_runtime import RayRuntime
 from service.store import JobStore
-from service.users import UserDirectory
-from tests.support.databases import fresh_database
+from tests.support.databases import fresh_database, migrated_with_token
 from tests.support.ray_head import running_ray_head
 from tests.support.server import RunningServer, run_server
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
@@ -65,21 +62,22 @@ def service(
     @contextmanager
     def make(database: str = "sqlite") -> Iterator[Service]:
         with fresh_database(database, tmp_path) as url:
-            upgrade_to_head(url)
-            db = Database(url)
-            users = UserDirectory(db)
-            token = users.issue_token(users.ensure_user(f"e2e-{uuid.uuid4().hex[:6]}"), "e2e").token
-            db.dispose()
-            settings = Settings(
-                database_url=url,
-                state_dir=tmp_path / "state",
-                storage_root=tmp_path / "storage",
-                data_roots=[tmp_path],
-                ray_address=ray_cluster.address,
-            )
-            yield Service(settings, url, ray_cluster.address, token)
+            yield new_service(url, ray_cluster.address, tmp_path)
 
     return make
+
+
+def new_service(url: str, ray_address: str, folder: Path, **settings: Any) -> Service:
+    """A service over the empty database at `url` (migrated, with a user and their token)
+    and the cluster at `ray_address`; its files under `folder`, which data may come from."""
+    token = migrated_with_token(url, "e2e")
+    defaults: dict[str, Any] = {
+        "state_dir": folder / "state",
+        "storage_root": folder / "storage",
+        "data_roots": [folder],
+    }
+    merged = {**defaults, **settings, "database_url": url, "ray_address": ray_address}
+    return Service(Settings(**merged), url, ray_address, token)
 
 
 def leftovers(address: str, job_id: str) -> dict[str, Any]:

@@ -126,3 +126,20 @@ def fresh_database(kind: str, folder: Path) -> Iterator[str]:
     else:
         with fresh_postgres() as url:
             yield url
+
+
+def migrated_with_token(url: str, prefix: str = "user") -> str:
+    """Migrate the database at `url`, make a user in it and return a token of theirs."""
+    from service.db import Database
+    from service.migrate import upgrade_to_head
+    from service.users import UserDirectory
+
+    upgrade_to_head(url)
+    db = Database(url)
+    try:
+        users = UserDirectory(db)
+        return users.issue_token(
+            users.ensure_user(f"{prefix}-{uuid.uuid4().hex[:6]}"), "test"
+        ).token
+    finally:
+        db.dispose()

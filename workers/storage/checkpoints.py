@@ -94,7 +94,7 @@ class CheckpointStore:
 
     def writer_url(self, path: str) -> str:
         """The URL form of a path of this store, for DCP's readers and writers."""
-        if self.atomic_rename:
+        if self.atomic_rename or "://" in path:
             return path
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         return f"{protocol}://{path}"
@@ -114,7 +114,10 @@ class CheckpointStore:
                 continue
             manifest = self._read_manifest(self._join(name))
             if manifest is not None:
-                found.append(CommittedCheckpoint(int(match.group(1)), self._join(name), manifest))
+                # The URL on an object store ("s3://bucket/..."): a reader in another
+                # process (an export, the API's listing) must know which filesystem.
+                path = self.writer_url(self._join(name))
+                found.append(CommittedCheckpoint(int(match.group(1)), path, manifest))
         return sorted(found, key=lambda c: c.step, reverse=True)
 
     def _read_manifest(self, folder: str) -> dict[str, Any] | None:

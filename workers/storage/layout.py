@@ -1,7 +1,8 @@
 """Every path of a job, in one place: `storage_root/<job id>/` holds the resolved spec,
 `logs/rank-<r>.log`, rank 0's `metrics.jsonl`, `checkpoints/step-<n>/` (with the record of
 skipped batches) and `exports/`; its in-memory snapshots live in host memory under
-`<snapshot root>/<job id>/`.
+`<snapshot root>/<job id>/`. With a checkpoint root (a folder or an object store's URL),
+the checkpoints go to `<checkpoint root>/<job id>/checkpoints/` instead.
 
 A JobLayout is built once (the control plane from its settings, `shardline train` from its
 options) and passed whole to the supervisor, the worker group and the workers, as Ray
@@ -39,6 +40,10 @@ class JobLayout:
     # `snapshot_dir` (the supervisor's for the workers, which share one host; each node's
     # own when the job's snapshots are removed).
     snapshot_root: str | None = None
+    # Where checkpoints go instead of under storage_root: a folder or an fsspec URL
+    # ("s3://bucket/prefix"), as `<checkpoint_root>/<job id>/checkpoints/`. None: under
+    # storage_root with the rest.
+    checkpoint_root: str | None = None
 
     @property
     def dir(self) -> Path:
@@ -66,17 +71,20 @@ class JobLayout:
         return self.dir / "metrics.jsonl"
 
     @property
-    def checkpoints_dir(self) -> Path:
-        return self.dir / "checkpoints"
+    def checkpoints_dir(self) -> str:
+        """A folder or, with an object-store checkpoint_root, a URL."""
+        if self.checkpoint_root is None:
+            return str(self.dir / "checkpoints")
+        return f"{self.checkpoint_root.rstrip('/')}/{self.job_id}/checkpoints"
 
     def checkpoints(self) -> CheckpointStore:
         """The job's committed checkpoints (listing, finding, verifying)."""
-        return CheckpointStore(str(self.checkpoints_dir))
+        return CheckpointStore(self.checkpoints_dir)
 
     def skipped_batches(self) -> SkippedBatches:
         """Batches skipped after a non-finite loss: kept beside the checkpoints, since
         every checkpoint of the job resumes with them."""
-        return SkippedBatches(str(self.checkpoints_dir))
+        return SkippedBatches(self.checkpoints_dir)
 
     @property
     def exports_dir(self) -> Path:
@@ -96,18 +104,18 @@ class JobLayout:
 
     def of_job(self, job_id: str) -> JobLayout:
         """Another job's layout under the same roots (a `resume_from` source)."""
-        return JobLayout(self.storage_root, job_id, self.snapshot_root)
+        return JobLayout(self.storage_root, job_id, self.snapshot_root, self.checkpoint_root)
 
     def checkpoint_locations(
         self, *, resume_from: RestoreSource | None = None, snapshots: bool = False
     ) -> CheckpointLocations:
         """The job saves into its own folder and starts from it; a job with `resume_from`
         starts from that job's checkpoint until it has one of its own."""
-        restore = [RestoreSource(str(self.checkpoints_dir))]
+        restore = [RestoreSource(self.checkpoints_dir)]
         if resume_from is not None:
             restore.append(resume_from)
         return CheckpointLocations(
-            save_url=str(self.checkpoints_dir),
+            save_url=self.checkpoints_dir,
             restore_from=tuple(restore),
             snapshot_url=str(self.snapshot_dir) if snapshots else None,
         )

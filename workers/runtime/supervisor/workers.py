@@ -46,7 +46,7 @@ def checkpoint_locations(spec: JobSpec, layout: JobLayout) -> CheckpointLocation
     starts from that job's checkpoint until it has one of its own."""
     source = spec.resume_from
     resume = (
-        RestoreSource(str(layout.of_job(source.job_id).checkpoints_dir), step=source.step)
+        RestoreSource(layout.of_job(source.job_id).checkpoints_dir, step=source.step)
         if source is not None
         else None
     )
