@@ -11,6 +11,7 @@ from typing import Any
 
 import ray
 from ray.util import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from service.cluster_view import nodes_view
 from service.config import Settings
@@ -42,6 +43,7 @@ from workers.runtime.names import CORES_LABEL, NAMESPACE, supervisor_name
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
+HEAD_RESOURCE = "node:__internal_head__"  # Ray gives it to the head node only
 CALIBRATE_TIMEOUT_S = 600.0
 
 
@@ -65,6 +67,19 @@ class RaySupervisors:
                 return None
         return self._handles[job_id]
 
+    def _on_the_head_node(self) -> NodeAffinitySchedulingStrategy | None:
+        """Supervisors go on the head node, not on a worker node that a preemption or a
+        node loss takes along with the job's ranks. The head is the one node every
+        deployment keeps, and a supervisor needs no resources, so it always fits there.
+        Not soft: Ray's soft affinity put it on another node (seen in
+        tests/e2e/test_preemption.py). This process's own node is no guide: a driver on a
+        host with several Ray nodes attaches to any of them."""
+        head = next(
+            (n["NodeID"] for n in ray.nodes() if n["Alive"] and HEAD_RESOURCE in n["Resources"]),
+            None,
+        )
+        return NodeAffinitySchedulingStrategy(head, soft=False) if head else None
+
     def exists(self, job_id: str) -> bool:
         return self._handle(job_id) is not None
 
@@ -79,6 +94,7 @@ class RaySupervisors:
                 lifetime="detached",
                 get_if_exists=True,
                 runtime_env=self.runtime_env,
+                scheduling_strategy=self._on_the_head_node(),
             ).remote(
                 self.settings.job_layout(job.id),
                 spec_json,

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -21,12 +20,8 @@ import pytest
 import ray
 
 from api.client import Client
-from service.config import Settings
-from service.db import Database
 from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, start_local_ray
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
-from tests.e2e.conftest import Service, wait_for
+from tests.e2e.conftest import Service, new_service, wait_for
 from tests.support.databases import fresh_database
 from tests.support.ray_head import attached
 from workers.contract.spec import JobSpec
@@ -126,19 +121,24 @@ def two_node_service(
         # Attached for this test only: the tier's own head must be reachable after it.
         stack.enter_context(attached(head))
         url = stack.enter_context(fresh_database("sqlite", tmp_path))
-        upgrade_to_head(url)
-        db = Database(url)
-        users = UserDirectory(db)
-        token = users.issue_token(users.ensure_user(f"e2e-{uuid.uuid4().hex[:6]}"), "e2e").token
-        db.dispose()
-        settings = Settings(
-            database_url=url,
-            state_dir=tmp_path / "state",
-            storage_root=tmp_path / "storage",
-            data_roots=[tmp_path],
-            ray_address=head.address,
-        )
-        yield Service(settings, url, head.address, token), head
+        yield new_service(url, head.address, tmp_path), head
+
+
+@contextmanager
+def job_on_two_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any], at_step: int
+) -> Iterator[tuple[ExitStack, LocalRay, Client, int, dict[str, Any]]]:
+    """`body` submitted to a service over two Ray nodes and trained past `at_step`: the
+    stack that holds it all, the head, a client, the second node's session and the job."""
+    with ExitStack() as stack:
+        svc, head = stack.enter_context(two_node_service(tmp_path, monkeypatch))
+        server = stack.enter_context(svc.running())
+        c = stack.enter_context(svc.client(server))
+        second = stack.enter_context(ray_node(head, tmp_path / "node2.log"))
+        wait_for_cpus(c, 2 * CPUS_PER_NODE)
+        job = c.submit(body)
+        wait_for(c, job["id"], lambda j: j["step"] >= at_step, LIMIT_S)
+        yield stack, head, c, second, job
 
 
 def messages(c: Client, job_id: str) -> list[str]:
@@ -157,14 +157,7 @@ def wait_for_event(c: Client, job_id: str, prefix: str) -> None:
 def test_node_lost_elastic_job_is_re_planned_on_half_and_grows_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: list[dict[str, Any]]
 ) -> None:
-    with ExitStack() as stack:
-        svc, head = stack.enter_context(two_node_service(tmp_path, monkeypatch))
-        server = stack.enter_context(svc.running())
-        c = stack.enter_context(svc.client(server))
-        second = stack.enter_context(ray_node(head, tmp_path / "node2.log"))
-        wait_for_cpus(c, 2 * CPUS_PER_NODE)
-        job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 6, LIMIT_S)
+    with job_on_two_nodes(tmp_path, monkeypatch, BODY, at_step=6) as (stack, head, c, second, job):
         assert "placement group ready: 4 ranks on 2 node(s)" in messages(c, job["id"])
         kill_node(second)
         wait_for_event(c, job["id"], "elastic re-plan: dp=2 tp=2 pp=1 (4 ranks)")

@@ -19,7 +19,8 @@ from workers.contract.lifecycle import JobState
 from workers.contract.progress import EventEntry, MetricsEntry, StateEntry
 from workers.contract.spec import JobSpec
 from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.machine import FaultRefused, JobSupervisor
+from workers.runtime.supervisor.machine import JobSupervisor
+from workers.runtime.supervisor.workers import FaultRefused
 from workers.storage.layout import JobLayout
 from workers.storage.skipped_batches import SkippedBatches
 
@@ -140,7 +141,7 @@ def test_a_nonfinite_loss_rolls_back_skips_the_batch_and_finishes(tmp_path: Path
     # Rolled back on fresh workers, with no failure counted (max_failures is 0).
     assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
     assert sup.failures == 0
-    assert SkippedBatches(str(sup.layout.checkpoints_dir)).read() == [{"step": 6, "batch": 6}]
+    assert SkippedBatches(sup.layout.checkpoints_dir).read() == [{"step": 6, "batch": 6}]
     said = next(e for e in events(sup) if e.message.startswith("non-finite loss"))
     assert said.data == {"step": 6, "batch": 6, "skipped": True, "kind": "nonfinite"}
     assert "skipping batch 6" in said.message

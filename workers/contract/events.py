@@ -31,6 +31,7 @@ class EventKind(StrEnum):
     RECOVERY = "recovery"  # a recovery ended: mttr_s, steps_lost, seconds_lost, ...
     ELASTIC = "elastic"  # a re-plan or grow-back: dp_from, dp_to (a re-plan: from, to, train)
     NODE = "node"  # a failing node left out of the next placement (or kept): node
+    PREEMPTION = "preemption"  # nodes of the job are being preempted: nodes, deadline_s
     FAULT_INJECTED = "fault_injected"  # fault, rank
     PROFILE = "profile"  # a profile on demand began: profile, steps
 

@@ -30,6 +30,7 @@ from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
+from workers.runtime.placement.node_health import free_outside
 from workers.runtime.spares import WarmSpares, kill_actors
 from workers.storage.layout import CheckpointLocations, JobLayout
 from workers.storage.snapshots import remove_snapshot_dir
@@ -114,7 +115,7 @@ class WorkerGroup:
     def has_room_for(self, spec: JobSpec) -> bool:
         """Whether the cluster's free resources (with this job's own) could hold `spec`'s
         ranks now: a cheap check before growing back."""
-        free = ray.available_resources()
+        free = free_outside(self.excluded_nodes)
         extra = spec.parallel.world_size - self.world_size
         return all(
             free.get(name, 0.0) + 1e-9 >= amount * extra

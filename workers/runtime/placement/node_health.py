@@ -62,3 +62,17 @@ class PlacedWorkers(Protocol):
 
     def node_of(self, ranks: list[int]) -> list[str]: ...
     def exclude_nodes(self, nodes: set[str]) -> set[str]: ...
+
+
+def free_outside(nodes: set[str]) -> dict[str, float]:
+    """The cluster's free resources less what `nodes` have free: room a job that leaves
+    them out (bad, or being preempted) could use."""
+    import ray
+
+    free = ray.available_resources()
+    if nodes:
+        per_node = ray._private.state.available_resources_per_node()
+        for node in nodes:
+            for name, amount in per_node.get(node, {}).items():
+                free[name] = free.get(name, 0.0) - amount
+    return free

@@ -12,22 +12,20 @@ import logging
 import threading
 import time
 
-from workers.contract.events import Event, EventKind
-from workers.contract.faults import FaultKind
 from workers.contract.lifecycle import TERMINAL, JobState, is_legal
-from workers.contract.progress import ProgressBuffer, ProgressRead
 from workers.contract.spec import JobSpec
 from workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
 from workers.runtime.placement.elastic import describe_layout
 from workers.runtime.placement.reservation import ResizableWorkers, reserve_placement
+from workers.runtime.supervisor.calls import ControlPlaneCalls
 from workers.runtime.supervisor.decisions import Next
 from workers.runtime.supervisor.grow import GrowBack
 from workers.runtime.supervisor.handling import FailureHandling
+from workers.runtime.supervisor.preempted import Preemptions
 from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
 from workers.runtime.supervisor.workers import (
-    FaultRefused,
     StartCancelled,
     Workers,
     WorkersFactory,
@@ -49,7 +47,7 @@ PAUSE_GRACE_S = 600.0
 STOPPED = TERMINAL | {JobState.PAUSED}
 
 
-class JobSupervisor:
+class JobSupervisor(ControlPlaneCalls):
     def __init__(
         self,
         layout: JobLayout,
@@ -83,63 +81,10 @@ class JobSupervisor:
             )
         self.running = self.spec  # the layout running now: another after an elastic re-plan
         self.grow = GrowBack(self.spec)
+        self.preemptions = Preemptions(workers, self.relay, self.recoveries)
         self._cancel = threading.Event()
         self._pause = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def buffer(self) -> ProgressBuffer:
-        return self.relay.buffer
-
-    @property
-    def failures(self) -> int:
-        return self.handling.failures
-
-    # -- what the control plane calls --------------------------------------------------
-
-    def start(self) -> None:
-        """Run the state machine in the background (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self.run, name=f"supervise-{self.job_id}", daemon=True
-            )
-            self._thread.start()
-
-    def read(self, after_seq: int) -> ProgressRead:
-        """Buffered entries after `after_seq`, and the state now."""
-        return {
-            "entries": self.buffer.after(after_seq),
-            "state": self.state.value,
-            "last_seq": self.buffer.last_seq,
-        }
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        self.handling.wake.set()
-
-    def pause(self) -> None:
-        """Checkpoint, free the workers and the placement group, end PAUSED."""
-        self._pause.set()
-        self.handling.wake.set()
-
-    def inject_fault(self, kind: str, rank: int) -> None:
-        """Chaos testing: have rank `rank` fail as `kind` says (workers/runtime/faults.py)."""
-        fault = FaultKind(kind)
-        self._running().inject_fault(rank, fault.value)
-        message = f"fault injected: {self.recoveries.inject(fault.value, rank)}"
-        self.relay.event(Event(EventKind.FAULT_INJECTED, message, {"fault": kind, "rank": rank}))
-
-    def profile(self, profile_id: str, steps: int) -> int:
-        """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
-        ranks = self._running().profile(profile_id, steps)
-        said = f"profile {profile_id}: recording the next {steps} steps of {ranks} rank(s)"
-        self.relay.event(Event(EventKind.PROFILE, said, {"profile": profile_id, "ranks": ranks}))
-        return ranks
-
-    def _running(self) -> Workers:  # to ask something of a RUNNING job's workers
-        if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
-            raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
-        return self.workers
 
     # -- the state machine -------------------------------------------------------------
 
@@ -201,28 +146,20 @@ class JobSupervisor:
             self.spec,
             cancelled=self._cancel.is_set,
             on_event=self.relay.event,
+            elastic_wait_s=self.preemptions.elastic_wait_s(),
         )
         if placed is None:  # cancelled while waiting for capacity
             return Next(JobState.CANCELLING, "cancel requested while waiting for capacity")
         self.recoveries.nodes, self.running = placed
-        nodes = sorted(set(placed[0]))
-        where = [nodes.index(node) for node in placed[0]]  # each rank's, as an index: small
-        message = f"placement group ready: {len(where)} ranks on {len(nodes)} node(s)"
-        self.relay.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": where}))
+        self.relay.placed(placed[0])
         try:
             self.workers.start(JOIN_TIMEOUT_S, cancelled=self._cancel.is_set)
         except StartCancelled:
             self.workers.release()
             return Next(JobState.CANCELLING, "cancel requested while the workers started")
-        warm = self.workers.warm_start
-        self.relay.event(
-            Event(
-                EventKind.WORKERS_STARTED,
-                f"workers {verb}" + (" on warm spares" if warm else ""),
-                {"world_size": len(where), "warm_spares": warm},
-            )
-        )
-        return Next(JobState.RUNNING, f"{len(where)} workers {verb}")
+        world_size = len(placed[0])
+        self.relay.started(verb, world_size, self.workers.warm_start)
+        return Next(JobState.RUNNING, f"{world_size} workers {verb}")
 
     def _watch(self) -> Next:
         # A rank that cannot answer (stopped, wedged in C++) is caught within the hang limit.
@@ -234,6 +171,10 @@ class JobSupervisor:
             return self.handling.failed(group)
         if group.verdict == Verdict.FINISHED:
             return self._finished(group.statuses)
+        notice = self.preemptions.notice()
+        if notice is not None:  # checkpoint before the deadline, go on without those nodes
+            statuses, ended = self._stop_to_move(self.preemptions.announce(notice))
+            return ended or self.preemptions.restart_without(notice, statuses)
         # Grow only once the smaller layout trained past its restore (its recovery closed):
         # the checkpoint it grows from holds new steps, and no restart follows an untried one.
         if self.recoveries.current is None and self.grow.due(self.running, self.workers):
@@ -257,15 +198,25 @@ class JobSupervisor:
 
     def _grow_back(self) -> Next:
         """Checkpoint, stop, and start again at the full layout (from that checkpoint)."""
-        statuses = self._stop_workers(save=True, grace_s=PAUSE_GRACE_S)
-        if statuses and all(s.phase == WorkerPhase.DONE for s in statuses):
-            return self._finished(statuses)
-        self.workers.kill_workers()
+        _, ended = self._stop_to_move(PAUSE_GRACE_S)
+        if ended is not None:
+            return ended
         assert isinstance(self.workers, ResizableWorkers)
         self.relay.event(self.grow.event(self.running))
         self.workers.resize(self.spec)
         self.running = self.spec
         return Next(JobState.RESTARTING, f"growing back to {describe_layout(self.spec)}")
+
+    def _stop_to_move(self, grace_s: float) -> tuple[list[WorkerStatus], Next | None]:
+        """Stop the ranks with a checkpoint and take them down, to start again elsewhere
+        or at another size; or the job's end, if it finished or was cancelled meanwhile."""
+        statuses = self._stop_workers(save=True, grace_s=grace_s)
+        if self._cancel.is_set():
+            return statuses, Next(JobState.CANCELLING, "cancel requested while checkpointing")
+        if statuses and all(s.phase == WorkerPhase.DONE for s in statuses):
+            return statuses, self._finished(statuses)
+        self.workers.kill_workers()
+        return statuses, None
 
     def _stop_workers(self, *, save: bool, grace_s: float) -> list[WorkerStatus]:
         """Ask every rank to stop and wait until all have: up to `grace_s`, and no longer

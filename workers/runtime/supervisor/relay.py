@@ -42,6 +42,17 @@ class ProgressRelay:
         log.info("job %s: %s", self.job_id, event.message)
         self.buffer.append(EventEntry(message=event.message, data=event.stored_data()))
 
+    def placed(self, rank_nodes: list[str]) -> None:
+        nodes = sorted(set(rank_nodes))
+        where = [nodes.index(node) for node in rank_nodes]  # each rank's, as an index: small
+        message = f"placement group ready: {len(where)} ranks on {len(nodes)} node(s)"
+        self.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": where}))
+
+    def started(self, verb: str, world_size: int, warm_spares: bool) -> None:
+        said = f"workers {verb}" + (" on warm spares" if warm_spares else "")
+        data = {"world_size": world_size, "warm_spares": warm_spares}
+        self.event(Event(EventKind.WORKERS_STARTED, said, data))
+
     def collect(self, statuses: list[WorkerStatus]) -> Event | None:
         """Buffer what the ranks produced since the last poll, each entry once; returns
         the restore event among them, if a world restored a checkpoint."""
