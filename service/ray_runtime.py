@@ -11,7 +11,6 @@ from typing import Any
 
 import ray
 from ray.util import placement_group_table
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from service.cluster_view import nodes_view
 from service.config import Settings
@@ -67,19 +66,6 @@ class RaySupervisors:
                 return None
         return self._handles[job_id]
 
-    def _on_the_head_node(self) -> NodeAffinitySchedulingStrategy | None:
-        """Supervisors go on the head node, not on a worker node that a preemption or a
-        node loss takes along with the job's ranks. The head is the one node every
-        deployment keeps, and a supervisor needs no resources, so it always fits there.
-        Not soft: Ray's soft affinity put it on another node (seen in
-        tests/e2e/test_preemption.py). This process's own node is no guide: a driver on a
-        host with several Ray nodes attaches to any of them."""
-        head = next(
-            (n["NodeID"] for n in ray.nodes() if n["Alive"] and HEAD_RESOURCE in n["Resources"]),
-            None,
-        )
-        return NodeAffinitySchedulingStrategy(head, soft=False) if head else None
-
     def exists(self, job_id: str) -> bool:
         return self._handle(job_id) is not None
 
@@ -94,7 +80,12 @@ class RaySupervisors:
                 lifetime="detached",
                 get_if_exists=True,
                 runtime_env=self.runtime_env,
-                scheduling_strategy=self._on_the_head_node(),
+                # On the head node (the one node every deployment keeps), not on a worker
+                # node that a preemption or a node loss takes along with the job's ranks.
+                # By its node resource, as Ray pins its own services: a hard node affinity
+                # slowed the job's start and kept its warm spares from being used, a soft
+                # one still put it on the node being drained.
+                resources={HEAD_RESOURCE: 0.001},
             ).remote(
                 self.settings.job_layout(job.id),
                 spec_json,
