@@ -6,13 +6,9 @@ recorded once."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +16,14 @@ import pytest
 import ray
 
 from api.client import Client
-from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, start_local_ray
+from service.local_nodes import FAST_NODE_DEATH, LocalNode, start_local_node
+from service.local_ray import LocalRay, start_local_ray
 from tests.e2e.conftest import Service, new_service, wait_for
 from tests.support.databases import fresh_database
 from tests.support.ray_head import attached
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
+from workers.storage.snapshots import ROOT_ENV
 
 # The job loses a node after step 6 and grows back after a few steps on 2 ranks; the
 # rest run on 4 ranks (0.3-0.5 s a step here).
@@ -62,40 +60,13 @@ def reference() -> list[dict[str, Any]]:
 
 
 @contextmanager
-def ray_node(head: LocalRay, log: Path) -> Iterator[int]:
-    """A second Ray node on this machine (its own session); yields its session id."""
-    ray_bin = Path(sys.executable).parent / "ray"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                str(ray_bin),
-                "start",
-                "--block",
-                "--disable-usage-stats",
-                f"--address={head.address}",
-                "--node-ip-address=127.0.0.1",
-                f"--num-cpus={CPUS_PER_NODE}",
-                f"--object-store-memory={OBJECT_STORE_BYTES}",
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+def ray_node(head: LocalRay, folder: Path, name: str, ip: str) -> Iterator[LocalNode]:
+    """A second Ray node on this machine, at its own address with its own host memory."""
+    node = start_local_node(head, folder, name, ip, CPUS_PER_NODE)
     try:
-        yield proc.pid
+        yield node
     finally:
-        kill_node(proc.pid)
-        proc.wait(timeout=30)
-
-
-def kill_node(session: int) -> None:
-    """Lose the node at once: SIGKILL to its raylet and every worker it started."""
-    for pid in session_members(session):
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        node.kill()
 
 
 def wait_for_cpus(c: Client, cpus: float) -> None:
@@ -109,9 +80,11 @@ def wait_for_cpus(c: Client, cpus: float) -> None:
 def two_node_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Service, LocalRay]]:
-    # A lost node is declared dead after about 3 s instead of Ray's default 30 s or so.
-    monkeypatch.setenv("RAY_health_check_period_ms", "1000")
-    monkeypatch.setenv("RAY_health_check_failure_threshold", "3")
+    # The head node keeps its snapshots in this machine's /dev/shm; the service must not
+    # name a snapshot root (SHARDLINE_SNAPSHOT_ROOT), which would be every node's.
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    for name, value in FAST_NODE_DEATH.items():  # a lost node is dead after about 3 s
+        monkeypatch.setenv(name, value)
     if ray.is_initialized():  # this process may be connected to the tier's own head
         ray.shutdown()
     with ExitStack() as stack:
@@ -127,14 +100,14 @@ def two_node_service(
 @contextmanager
 def job_on_two_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any], at_step: int
-) -> Iterator[tuple[ExitStack, LocalRay, Client, int, dict[str, Any]]]:
+) -> Iterator[tuple[ExitStack, LocalRay, Client, LocalNode, dict[str, Any]]]:
     """`body` submitted to a service over two Ray nodes and trained past `at_step`: the
     stack that holds it all, the head, a client, the second node's session and the job."""
     with ExitStack() as stack:
         svc, head = stack.enter_context(two_node_service(tmp_path, monkeypatch))
         server = stack.enter_context(svc.running())
         c = stack.enter_context(svc.client(server))
-        second = stack.enter_context(ray_node(head, tmp_path / "node2.log"))
+        second = stack.enter_context(ray_node(head, tmp_path, "node2", "127.0.0.2"))
         wait_for_cpus(c, 2 * CPUS_PER_NODE)
         job = c.submit(body)
         wait_for(c, job["id"], lambda j: j["step"] >= at_step, LIMIT_S)
@@ -159,13 +132,13 @@ def test_node_lost_elastic_job_is_re_planned_on_half_and_grows_back(
 ) -> None:
     with job_on_two_nodes(tmp_path, monkeypatch, BODY, at_step=6) as (stack, head, c, second, job):
         assert "placement group ready: 4 ranks on 2 node(s)" in messages(c, job["id"])
-        kill_node(second)
+        second.kill()
         wait_for_event(c, job["id"], "elastic re-plan: dp=2 tp=2 pp=1 (4 ranks)")
         # A node returns as soon as the job has re-planned: its steps on 2 ranks are fast
         # (0.06 s here, about 6 s for the rest of the run) and a node takes seconds to
         # join, so a later start found the job done on CI once. It grows only once it has
         # trained re-planned (the timeline's checks below), so the shrunk layout trains.
-        stack.enter_context(ray_node(head, tmp_path / "node3.log"))
+        stack.enter_context(ray_node(head, tmp_path, "node3", "127.0.0.3"))
         wait_for_event(c, job["id"], "placement group ready: 2 ranks on 1 node(s)")
         wait_for_event(c, job["id"], "elastic: capacity is back")
         done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", LIMIT_S)
@@ -178,12 +151,14 @@ def test_node_lost_elastic_job_is_re_planned_on_half_and_grows_back(
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-4), f"step {got['step']}"
     # The last placement is at full size again, over both nodes.
     placements = [e for e in events if e.startswith("placement group ready")]
+    spread = next(e for e in timeline if e.get("kind") == "snapshot_memory")
+    assert len(spread["folders"]) == 2, spread  # a folder of host memory on each node
     assert placements[-1] == "placement group ready: 4 ranks on 2 node(s)", events
     assert_resumed_after_shrink_and_growth(timeline)
-    # The node went before any disk checkpoint: the snapshots on the node left (every 2
-    # steps) cost at most 2 steps trained again.
+    # The node went, with its host memory, before any disk checkpoint: the copy of its
+    # snapshot on the node left (every 2 steps) cost at most 2 steps trained again.
     lost = next(e for e in timeline if e.get("kind") == "recovery")
-    assert lost["restored_tier"] == "memory" and lost["steps_lost"] <= 2, lost
+    assert lost["restored_tier"] == "memory" and lost["steps_lost"] <= 2, (lost, events)
     replans = [e for e in timeline if e.get("kind") == "elastic" and "to" in e]
     assert replans, events
     before, after = replans[0]["from"], replans[0]["to"]

@@ -39,7 +39,8 @@ BODY: dict[str, Any] = {
         "log_every": 1,
         "seed": 13,
     },
-    "checkpoint": {"every_steps": CHECKPOINT_EVERY},
+    # Storage checkpoints are what these tests restore from: no in-memory snapshots.
+    "checkpoint": {"every_steps": CHECKPOINT_EVERY, "memory_every_steps": 0},
     "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8, "max_nonfinite_skips": 1},
 }
 

@@ -7,9 +7,6 @@ uninterrupted run and every step recorded once."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +14,13 @@ from typing import Any
 import pytest
 import ray
 
+from service.local_nodes import drain_for_preemption
 from service.ray_runtime import HEAD_RESOURCE
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_elastic import (
     BODY as ELASTIC_BODY,
 )
-from tests.e2e.test_elastic import job_on_two_nodes, kill_node, messages, wait_for_event
+from tests.e2e.test_elastic import job_on_two_nodes, messages, wait_for_event
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
 
@@ -45,25 +43,6 @@ def head_node_id() -> str:
     return next(n["NodeID"] for n in ray.nodes() if HEAD_RESOURCE in n["Resources"])
 
 
-def drain(address: str, node: str, env: dict[str, str]) -> None:
-    """What a spot handler or an autoscaler asks of Ray when a node will go."""
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ray"),
-            "drain-node",
-            f"--address={address}",
-            f"--node-id={node}",
-            "--reason=DRAIN_NODE_REASON_PREEMPTION",
-            "--reason-message=spot instance reclaimed",
-            f"--deadline-remaining-seconds={DEADLINE_S}",
-        ],
-        env=env,
-        check=True,
-        timeout=60,
-        capture_output=True,
-    )
-
-
 def test_a_preempted_node_is_left_before_its_deadline_losing_no_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,12 +54,11 @@ def test_a_preempted_node_is_left_before_its_deadline_losing_no_step(
         # The head is the node that stays (a driver on a host with two nodes may be on
         # either, so not this process's node).
         (other,) = [n for n in placed["data"]["nodes"] if n != head_node_id()]
-        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
-        drain(head.address, other, env)
+        drain_for_preemption(head, other, DEADLINE_S)
         told = time.monotonic()
         wait_for_event(c, job["id"], "placement group ready: 2 ranks on 1 node(s)")
         moved_s = time.monotonic() - told
-        kill_node(second)  # the deadline: the provider takes the node
+        second.kill()  # the deadline: the provider takes the node
         done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"), LIMIT_S)
         metrics = c.metrics(job["id"])
         events = messages(c, job["id"])

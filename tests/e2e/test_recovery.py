@@ -38,7 +38,8 @@ BODY: dict[str, Any] = {
         "log_every": 1,
         "seed": 11,
     },
-    "checkpoint": {"every_steps": CHECKPOINT_EVERY},
+    # Storage checkpoints are what these tests restore from: no in-memory snapshots.
+    "checkpoint": {"every_steps": CHECKPOINT_EVERY, "memory_every_steps": 0},
     # A hang limit load cannot reach: only the stopped-rank test is about hangs.
     "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 120},
 }

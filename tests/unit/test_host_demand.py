@@ -33,12 +33,15 @@ def test_warm_spares_double_the_processes_and_can_be_turned_off() -> None:
     on = spec(parallel={"dp": 4})
     off = spec(parallel={"dp": 4}, fault_tolerance={"warm_spares": False})
     never_restarts = spec(parallel={"dp": 4}, fault_tolerance={"max_failures": 0})
-    assert host_memory(on) == 8 * PROCESS_BYTES + state
-    assert host_memory(off) == 4 * PROCESS_BYTES + state
-    assert host_memory(never_restarts) == host_memory(off)
-    # Snapshots in host memory keep a second copy of the training state.
-    snap = spec(parallel={"dp": 4}, checkpoint={"memory_every_steps": 5})
-    assert host_memory(snap) == 8 * PROCESS_BYTES + 2 * state
+    # By default snapshots in host memory keep a second copy of the training state.
+    assert host_memory(on) == 8 * PROCESS_BYTES + 2 * state
+    assert host_memory(off) == 4 * PROCESS_BYTES + 2 * state
+    # A job that never restarts has neither spares nor snapshots by default.
+    assert host_memory(never_restarts) == 4 * PROCESS_BYTES + state
+    no_snapshots = spec(parallel={"dp": 4}, checkpoint={"memory_every_steps": 0})
+    assert host_memory(no_snapshots) == 8 * PROCESS_BYTES + state
+    every_5 = spec(parallel={"dp": 4}, checkpoint={"memory_every_steps": 5})
+    assert host_memory(every_5) == host_memory(on)
 
 
 def test_a_job_waits_for_memory_with_the_numbers() -> None:

@@ -37,6 +37,15 @@ def warm_spares_wanted(spec: JobSpec) -> bool:
     return ft.warm_spares and ft.max_failures > 0 and spec.resources.gpus_per_worker == 0
 
 
+def snapshots_wanted(spec: JobSpec) -> bool:
+    """Whether the job takes in-memory snapshots: every N steps where asked, and by
+    default ("auto") wherever a restart may follow."""
+    every = spec.checkpoint.memory_every_steps
+    if every == "auto":
+        return spec.fault_tolerance.max_failures > 0
+    return every > 0
+
+
 def host_memory(spec: JobSpec, ranks: int | None = None) -> float:
     """Bytes of host memory the job's processes hold at least: each rank's process and
     its warm spare, and on CPU ranks the training state (sharding spreads it over ranks
@@ -47,7 +56,7 @@ def host_memory(spec: JobSpec, ranks: int | None = None) -> float:
     state = 0
     if spec.resources.gpus_per_worker == 0:
         state = spec.model.parameter_count() * TRAINING_BYTES_PER_PARAM
-        if spec.checkpoint.memory_every_steps > 0:
+        if snapshots_wanted(spec):
             state *= 2
     return float(processes * PROCESS_BYTES + state)
 

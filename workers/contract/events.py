@@ -22,6 +22,9 @@ class EventKind(StrEnum):
     CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a candidate failed to verify: step, problem
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, save_s, blocking_s
     SAVE_FAILED = "save_failed"  # an async save failed (training goes on): step
+    # the first snapshot of a run: folders (the ranks writing into each node's host
+    # memory), bytes (what each holds: its own ranks' files and a peer node's copy)
+    SNAPSHOT_MEMORY = "snapshot_memory"
     # The supervisor:
     PLACEMENT = "placement"  # placement group ready: nodes, ranks (each one's index in nodes)
     WAITING = "waiting"  # the job waits for capacity: world_size

@@ -8,7 +8,7 @@ Pure pydantic: no torch, no Ray. Every failure names the field and says what to 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -239,9 +239,11 @@ class CheckpointSpec(_Strict):
     every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
     async_save: bool = False
-    # In-memory snapshots (0: off): host memory on the node, outliving the worker process;
-    # a worker's death then costs at most this many steps (workers/storage/snapshots.py).
-    memory_every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] = 0
+    # In-memory snapshots: host memory on the node, outliving the worker process; a
+    # worker's death then costs at most this many steps (workers/storage/snapshots.py).
+    # "auto" (the default): as often as costs at most 2% of the step time, as measured
+    # (workers/engine/checkpoint/cadence.py), where a restart may follow; 0: off.
+    memory_every_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] | Literal["auto"] = "auto"
 
 
 class ResumeFromSpec(_Strict):

@@ -235,7 +235,7 @@ def _local_sgd_problem(spec: JobSpec) -> str | None:
         ("checkpoint.every_steps", spec.checkpoint.every_steps),
         ("checkpoint.memory_every_steps", spec.checkpoint.memory_every_steps),
     ):
-        if value % every:
+        if value != "auto" and value % every:  # "auto" snapshots only at a sync
             return (
                 f"{field}={value} is not a multiple of parallel.local_sgd.sync_every={every}: "
                 "replicas hold the same parameters only at a sync, where a checkpoint is "

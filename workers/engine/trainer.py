@@ -166,6 +166,11 @@ class Trainer:
             },
             on_event=on_event,
             on_commit=on_checkpoint,
+            snapshot_multiple_of=(
+                spec.parallel.local_sgd.sync_every
+                if spec.parallel.dp_mode == DataParallelMode.local_sgd
+                else 1
+            ),
         )
         self.step = self.checkpoints.load() or 0  # the step restored after, or a fresh start
         self.vote = StopVote()  # train() fills in who asks to stop

@@ -76,7 +76,7 @@ class TrainingWorker:
             priority.normal()
         self.job_id, self.rank, self.world_size = layout.job_id, rank, world_size
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.checkpoints = checkpoints
+        self.checkpoints = layout.here(checkpoints)
         # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
         # replays what never reached the database.
         self._metrics_file = layout.metrics_file if rank == 0 else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import ray
@@ -130,17 +129,10 @@ class WorkerGroup:
             self.pg = None
 
     def _locations(self) -> CheckpointLocations:
-        """Snapshots need one folder for the whole world: on when every rank shares a host
-        (ranks on other hosts could not commit into it)."""
-        if self.locations.snapshot_url is None:
-            return self.locations
-        hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] in self.node_of_rank}
-        if len(hosts) != 1:
-            log.warning(
-                "job %s: ranks on %d hosts, in-memory snapshots off", self.job_id, len(hosts)
-            )
-            return replace(self.locations, snapshot_url=None)
-        self._snapshot_nodes |= set(self.node_of_rank)
+        """Where the ranks save and restore; notes the nodes that will hold snapshots (each
+        rank writes into its own node's host memory: workers/engine/checkpoint/spread.py)."""
+        if self.locations.snapshot_url is not None:
+            self._snapshot_nodes |= set(self.node_of_rank)
         return self.locations
 
     def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:

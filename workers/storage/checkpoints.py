@@ -190,18 +190,19 @@ class CheckpointStore:
         if self.fs.exists(final):  # a step saved again (e.g. re-run after a restore)
             self.fs.rm(final, recursive=True)
         if self.atomic_rename:
-            self._write_manifest(staging, manifest)
+            self.write_manifest(staging, manifest)
             self.fs.mv(staging, final, recursive=True)
         else:
             for name in files:
                 self.fs.mv(f"{staging}/{name}", f"{final}/{name}")
-            self._write_manifest(final, manifest)
+            self.write_manifest(final, manifest)
             if self.fs.exists(staging):  # an object store has no empty folders to remove
                 self.fs.rm(staging, recursive=True)
         log.info("committed checkpoint step %d (%d files)", step, len(files))
         return CommittedCheckpoint(step, final, manifest)
 
-    def _write_manifest(self, folder: str, manifest: dict[str, Any]) -> None:
+    def write_manifest(self, folder: str, manifest: dict[str, Any]) -> None:
+        """Commit `folder` (written whole already) as the checkpoint `manifest` describes."""
         with self.fs.open(f"{folder}/{MANIFEST}", "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
 

@@ -13,7 +13,7 @@ filesystem mounted at the same path on every node. No torch, no Ray.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
@@ -37,8 +37,8 @@ class JobLayout:
     storage_root: str
     job_id: str
     # Host memory for in-memory snapshots; None: the default of the process that resolves
-    # `snapshot_dir` (the supervisor's for the workers, which share one host; each node's
-    # own when the job's snapshots are removed).
+    # `snapshot_dir`: each worker's own node's (`here()`), and each node's own when the
+    # job's snapshots are removed.
     snapshot_root: str | None = None
     # Where checkpoints go instead of under storage_root: a folder or an fsspec URL
     # ("s3://bucket/prefix"), as `<checkpoint_root>/<job id>/checkpoints/`. None: under
@@ -105,6 +105,13 @@ class JobLayout:
     def of_job(self, job_id: str) -> JobLayout:
         """Another job's layout under the same roots (a `resume_from` source)."""
         return JobLayout(self.storage_root, job_id, self.snapshot_root, self.checkpoint_root)
+
+    def here(self, locations: CheckpointLocations | None) -> CheckpointLocations | None:
+        """`locations` with the snapshot folder of the node that asks: a worker writes its
+        snapshots into its own node's host memory, whichever process planned them."""
+        if locations is None or locations.snapshot_url is None or self.snapshot_root:
+            return locations
+        return replace(locations, snapshot_url=str(self.snapshot_dir))
 
     def checkpoint_locations(
         self, *, resume_from: RestoreSource | None = None, snapshots: bool = False

@@ -1,9 +1,9 @@
 """Host memory for a job's in-memory snapshots, and removing them when the job ends.
 
 A snapshot is a folder in host memory (/dev/shm, a tmpfs) that outlives the worker which
-wrote it; the engine writes it (workers/engine/checkpoint/). Every rank writes its shards
-into the same folder and rank 0 commits it, so the folder must be one folder for the whole
-world: the worker group turns snapshots on only when all ranks share one host.
+wrote it; the engine writes it (workers/engine/checkpoint/). The ranks of one node write
+into its folder; on several nodes each node's folder also holds a copy of another's
+(workers/storage/snapshot_spread.py).
 
 No torch here: the runtime removes snapshots on every node a job used.
 """

@@ -12,12 +12,14 @@ only with its node. A restore takes the newest checkpoint of either tier that ve
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from workers.contract.events import Event
 from workers.contract.sections import CheckpointSpec
+from workers.engine.checkpoint.cadence import SnapshotCadence
 from workers.engine.checkpoint.state import JsonState, TensorState
 from workers.engine.checkpoint.tier import CheckpointTier, CommitSink, EventSink
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
@@ -46,9 +48,14 @@ class CheckpointManager:
         info: dict[str, Any],
         on_event: EventSink,
         on_commit: CommitSink | None = None,
+        snapshot_multiple_of: int = 1,
     ) -> None:
         """`tensors` and `small` are the registry of stateful parts; `info` (layout, spec
-        hash, versions) goes into every manifest."""
+        hash, versions) goes into every manifest. Snapshots only at steps that are
+        multiples of `snapshot_multiple_of` (local SGD's syncs)."""
+        self.cadence = SnapshotCadence(policy.memory_every_steps, 0, snapshot_multiple_of)
+        self._mark: float | None = None  # when the last save call had joined its snapshot
+        self._last_save: str | None = None  # what that call saved: "snapshot", "checkpoint"
         if policy.memory_every_steps == 0:  # no memory tier: nothing to restore from it
             where = replace(where, snapshot_url=None)
         self.policy = policy
@@ -78,6 +85,8 @@ class CheckpointManager:
                 info=info,
                 on_event=_log_only,
                 kind="snapshot",
+                on_report=on_event,
+                cadence=self.cadence,
             )
 
     def load(self) -> int | None:
@@ -85,7 +94,7 @@ class CheckpointManager:
         parts; returns the step it was taken after, or None where there is none."""
         if self.storage is None:
             return None
-        found = self.storage.restore(self.where, self.tensors.load_template)
+        found = self.storage.restore(self.where, self.tensors.load_template, self.memory)
         if found is None:
             return None
         ckpt, state = found
@@ -96,6 +105,7 @@ class CheckpointManager:
                 part.load_state_dict(small[name])
         self.restored = ckpt
         self.last_saved_step = int(small["step"])
+        self.cadence.restart_at(self.last_saved_step)
         return self.last_saved_step
 
     def save(self, step: int, *, last_step: bool = False) -> dict[str, float]:
@@ -106,12 +116,26 @@ class CheckpointManager:
             # A snapshot overlaps one step at most: once this step is done, so is the
             # previous snapshot, and a death loses at most memory_every_steps steps.
             self.memory.wait()
+            self._time_step(step)
         if self._storage_due(step, last_step):
+            self._last_save = "checkpoint"
             return {"checkpoint_blocking_s": self.save_now(step)}
-        if self.memory is not None and step % self.policy.memory_every_steps == 0:
+        if self.memory is not None and self.cadence.due(step):
+            self._last_save = "snapshot"
+            self.cadence.taken(step)
             held = self.memory.save(step, self.tensors.state_dict(), self._small(step))
             return {"snapshot_blocking_s": held}
+        self._last_save = None
         return {}
+
+    def _time_step(self, step: int) -> None:
+        """The cadence's clock: from the last save call's join to this one's (a step,
+        what that call saved, and any wait for a snapshot to commit)."""
+        self.cadence.joined()
+        now = time.perf_counter()
+        if self._mark is not None:
+            self.cadence.step_timed(step, now - self._mark, self._last_save)
+        self._mark = now
 
     def save_on_stop(self, step: int) -> None:
         """A stop that asks for a checkpoint (a pause, a grow-back): to storage, unless this

@@ -27,13 +27,19 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
 from workers.contract.events import Event, EventKind
+from workers.engine.checkpoint.cadence import SnapshotCadence
+from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 from workers.storage.layout import CheckpointLocations
+from workers.storage.snapshot_spread import Transfer
 
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[Event], None]
 CommitSink = Callable[[dict[str, Any]], None]
+# A checkpoint to restore, from its store; a snapshot's with the moves between nodes that
+# must come first (None: a storage checkpoint, which every rank reads where it is).
+Candidate = tuple[CheckpointStore, CommittedCheckpoint, list[Transfer] | None]
 
 
 def _writer(store: CheckpointStore, path: str) -> Any:
@@ -65,7 +71,11 @@ class CheckpointTier:
         on_event: EventSink,
         on_commit: CommitSink | None = None,
         kind: str = "checkpoint",
+        on_report: EventSink | None = None,
+        cadence: SnapshotCadence | None = None,
     ) -> None:
+        """A `snapshot` tier writes into each node's own host memory (its store's path on
+        every node), copied to a peer node where the world spans several."""
         self.kind = kind  # "checkpoint" or "snapshot", in what it says
         self.store = store
         self.keep_last = keep_last
@@ -73,6 +83,8 @@ class CheckpointTier:
         self.info = info  # layout, spec hash, versions: written into every manifest
         self.on_event = on_event
         self.on_commit = on_commit
+        self.on_report = on_report or on_event  # what is said once a run, not per save
+        self.cadence = cadence  # a snapshot tier's, where its interval is "auto"
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         # Saves talk over their own group so an async save never shares a collective
@@ -81,8 +93,14 @@ class CheckpointTier:
         self.restored_step: int | None = None
         self._pending: threading.Thread | None = None
         self._staged: dict[str, torch.Tensor] = {}
+        self.spread = (
+            SnapshotSpread(store, self.group) if kind == "snapshot" and store is not None else None
+        )
+        # Who commits into its folder: rank 0 alone, or each node's leader for snapshots.
+        self.committer = self.rank == 0 if self.spread is None else self.spread.leader
+        self._reported = False  # snapshot memory per node: said once a run
         if store is not None:
-            if self.rank == 0:
+            if self.committer:
                 store.clear_staging()
             dist.barrier(group=self.group)
 
@@ -164,6 +182,12 @@ class CheckpointTier:
     ) -> None:
         store = self.store
         assert store is not None
+        if self.cadence is not None and self.cadence.fixed is None:
+            # Rank 0's next interval, agreed here, first, off the training thread: every
+            # rank applies it when it joins this save (workers/engine/checkpoint/cadence.py).
+            proposal: list[Any] = [self.cadence.proposal() if self.rank == 0 else None]
+            dist.broadcast_object_list(proposal, src=0, group=self.group)
+            self.cadence.proposed = int(proposal[0])
         staging = store.staging_path(step)
         dcp.save(state, storage_writer=_writer(store, staging), process_group=self.group)
         mine = [
@@ -172,29 +196,40 @@ class CheckpointTier:
             if n.startswith(f"__{self.rank}_") or (self.rank == 0 and n == ".metadata")
         ]
         sums = store.checksums(staging, mine)
+        if self.spread is not None:
+            self.spread.replicate(staging)
+            if not self._reported:  # every rank: it is a collective
+                self._reported = True
+                said = self.spread.memory_event(step, staging)
+                if said is not None:
+                    self.on_report(said)
         gathered: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(sums, gathered, dst=0, group=self.group)
-        if self.rank != 0:
-            return
         files: dict[str, dict[str, Any]] = {}
         for rank, part in enumerate(gathered or []):
             for name, entry in part.items():
                 files[name] = {**entry, "rank": rank}
         total = time.perf_counter() - start
         blocking_s = total if blocking is None else blocking
-        ckpt = store.commit(
-            step,
-            files,
-            {
-                **self.info,
-                "trainer": trainer_state,
-                "world_size": self.world,
-                "save_s": total,
-                "blocking_s": blocking_s,
-            },
-        )
+        meta = {
+            **self.info,
+            "trainer": trainer_state,
+            "world_size": self.world,
+            "save_s": total,
+            "blocking_s": blocking_s,
+        }
+        if self.spread is not None and self.spread.groups.spread:
+            # Every node's leader commits the same manifest into its own folder.
+            payload: list[Any] = [files, meta]
+            dist.broadcast_object_list(payload, src=0, group=self.group)
+            files, meta = payload
+        if not self.committer:
+            return
+        ckpt = store.commit(step, files, meta)
         protect = {self.restored_step} if self.restored_step is not None else set()
         deleted = store.prune(self.keep_last, protect)
+        if self.rank != 0:
+            return
         summary = {
             "step": step,
             "path": ckpt.path,
@@ -218,9 +253,11 @@ class CheckpointTier:
     # -- restoring ---------------------------------------------------------------------
 
     def candidates(
-        self, where: CheckpointLocations
-    ) -> list[tuple[CheckpointStore, CommittedCheckpoint]]:
-        """Checkpoints to try, best first, agreed by every rank (rank 0 lists them)."""
+        self, where: CheckpointLocations, memory: CheckpointTier | None
+    ) -> list[Candidate]:
+        """Checkpoints to try, best first, agreed by every rank (rank 0 lists storage; the
+        nodes' leaders list their snapshots). A snapshot comes with the moves that give
+        every node all its files."""
         found: list[Any] = [None]
         if self.rank == 0:
             listed = []
@@ -231,25 +268,29 @@ class CheckpointTier:
                         listed.append((source.url, ckpt))
                 if listed:  # the first source that has any wins (own folder, then resume_from)
                     break
-            if where.snapshot_url is not None:
-                # The job's own snapshots compete with its checkpoints by step; on a tie the
-                # snapshot wins (host memory reads faster). The sort below is stable.
-                snapshots = CheckpointStore(where.snapshot_url).committed()
-                listed = [(where.snapshot_url, c) for c in snapshots] + listed
-                listed.sort(key=lambda found: found[1].step, reverse=True)
             found[0] = listed
         dist.broadcast_object_list(found, src=0, group=self.group)
-        return [(CheckpointStore(url), ckpt) for url, ckpt in found[0]]
+        out: list[Candidate] = [(CheckpointStore(url), ckpt, None) for url, ckpt in found[0]]
+        if memory is not None and memory.spread is not None and memory.store is not None:
+            # The job's own snapshots compete with its checkpoints by step; on a tie the
+            # snapshot wins (host memory reads faster). The sort is stable.
+            snapshots = memory.spread.candidates()
+            out = [(memory.store, ckpt, plan) for ckpt, plan in snapshots] + out
+            out.sort(key=lambda found: found[1].step, reverse=True)
+        return out
 
     def restore(
         self,
         where: CheckpointLocations,
         make_state: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
+        memory: CheckpointTier | None = None,
     ) -> tuple[CommittedCheckpoint, dict[str, torch.Tensor]] | None:
-        """Load the newest checkpoint that verifies into the tensors of
-        `make_state(its manifest)` (in place); returns it and the state, or None where there
-        is none."""
-        for store, ckpt in self.candidates(where):
+        """Load the newest checkpoint (of this tier's sources, or `memory`'s snapshots) that
+        verifies into the tensors of `make_state(its manifest)` (in place); returns it and
+        the state, or None where there is none."""
+        for store, ckpt, moves in self.candidates(where, memory):
+            if moves is not None and memory is not None and memory.spread is not None:
+                memory.spread.fill(ckpt, moves)
             problem = self._verify(store, ckpt)
             if problem is not None:
                 self.on_event(
@@ -264,7 +305,7 @@ class CheckpointTier:
             state = make_state(ckpt.manifest)
             dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
             self.restored_step = ckpt.step
-            tier = "memory" if store.url == where.snapshot_url else "storage"
+            tier = "storage" if moves is None else "memory"
             self.on_event(
                 Event(
                     EventKind.RESTORED,

@@ -100,8 +100,12 @@ class Recoveries:
         if restored is not None:
             rec.restored_step = int(restored.data["step"])
             rec.restored_tier = restored.data.get("tier")
+        # Rank 0's status alone: its events carry the restore. Polls answer one by one,
+        # so another rank's may show a step trained after the restore while rank 0's,
+        # answered earlier, has not yet said it (the recovery then read "after step 0").
         if not any(
-            s.phase == WorkerPhase.TRAINING and s.step > rec.restored_step for s in statuses
+            s.rank == 0 and s.phase == WorkerPhase.TRAINING and s.step > rec.restored_step
+            for s in statuses
         ):
             return None
         self.current = None

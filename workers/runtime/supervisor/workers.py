@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from workers.contract.demand import snapshots_wanted
 from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.storage.checkpoints import RestoreSource
@@ -50,6 +51,4 @@ def checkpoint_locations(spec: JobSpec, layout: JobLayout) -> CheckpointLocation
         if source is not None
         else None
     )
-    return layout.checkpoint_locations(
-        resume_from=resume, snapshots=spec.checkpoint.memory_every_steps > 0
-    )
+    return layout.checkpoint_locations(resume_from=resume, snapshots=snapshots_wanted(spec))

@@ -1,0 +1,114 @@
+"""In-memory snapshots of a world on several nodes: each node's host memory is a folder of
+its own (here one folder per pair of ranks). A snapshot leaves every node's files on a
+peer too, so a restore after losing a node's folder finds them all, in the old layout or
+resharded into a smaller world, and fills a fresh node's folder before it reads."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from tests.dist.ranks import on_ranks
+from workers.contract.events import Event, EventKind
+from workers.engine.checkpoint.tier import CheckpointTier
+from workers.storage.checkpoints import MANIFEST, CheckpointStore
+from workers.storage.layout import CheckpointLocations
+from workers.storage.snapshots import private_snapshot_dir
+
+ROWS = 64
+
+
+def _full(step: int) -> torch.Tensor:
+    return torch.arange(ROWS * 4, dtype=torch.float32).reshape(ROWS, 4) * step
+
+
+def _tier(folder: str, events: list[Event]) -> CheckpointTier:
+    private_snapshot_dir(Path(folder))
+    return CheckpointTier(
+        CheckpointStore(folder),
+        keep_last=1,
+        async_save=True,
+        info={"layout": "test"},
+        on_event=events.append,
+        kind="snapshot",
+    )
+
+
+def _save(folders: list[str], rank: int, world: int, device: torch.device) -> list[Any]:
+    mesh = init_device_mesh("cpu", (world,))
+    events: list[Event] = []
+    tier = _tier(folders[rank], events)
+    for step in (2, 4):
+        weight = distribute_tensor(_full(step), mesh, [Shard(0)])
+        tier.save(step, {"w": weight}, {"step": step})
+        tier.wait()
+    return [(e.kind.value, e.data) for e in events]
+
+
+def _restore(folders: list[str], rank: int, world: int, device: torch.device) -> Any:
+    mesh = init_device_mesh("cpu", (world,))
+    events: list[Event] = []
+    memory = _tier(folders[rank], events)
+    storage = CheckpointTier(None, keep_last=1, async_save=False, info={}, on_event=events.append)
+    where = CheckpointLocations(save_url=None, restore_from=(), snapshot_url=folders[rank])
+
+    def template(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {"w": distribute_tensor(torch.zeros(ROWS, 4), mesh, [Shard(0)])}
+
+    found = storage.restore(where, template, memory)
+    if found is None:
+        return None
+    ckpt, state = found
+    restored = [e.data for e in events if e.kind == EventKind.RESTORED]
+    weight = state["w"]
+    assert isinstance(weight, DTensor)
+    return ckpt.step, weight.full_tensor(), restored
+
+
+def _files(folder: Path, step: int) -> set[str]:
+    return {p.name for p in (folder / f"step-{step:08d}").iterdir()}
+
+
+def test_a_lost_node_costs_nothing_of_the_newest_snapshot(tmp_path: Path) -> None:
+    node_a, node_b, node_c = (str(tmp_path / name / "job") for name in ("a", "b", "c"))
+    said = on_ranks(functools.partial(_save, [node_a, node_a, node_b, node_b]), 4)
+
+    # Each node keeps only the newest snapshot, whole: its own ranks' files and the other's.
+    for node in (node_a, node_b):
+        assert [p.name for p in Path(node).glob("step-*")] == ["step-00000004"]
+        names = _files(Path(node), 4)
+        assert {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"} <= names
+        assert {".metadata", MANIFEST} <= names
+    (memory,) = [data for kind, data in said[0] if kind == EventKind.SNAPSHOT_MEMORY]
+    assert memory["folders"] == [[0, 1], [2, 3]]
+    assert all(held > ROWS * 4 * 4 for held in memory["bytes"]), memory
+
+    # Node b dies with its host memory. A world of two ranks on node a reshards from it.
+    for path in Path(node_b).rglob("*"):
+        if path.is_file():
+            path.unlink()
+    smaller = on_ranks(functools.partial(_restore, [node_a, node_a]), 2)
+    for step, weight, restored in smaller:
+        assert step == 4
+        torch.testing.assert_close(weight, _full(4), rtol=0, atol=0)
+    assert smaller[0][2][0]["tier"] == "memory"
+
+    # Four ranks again, two on a fresh node c: its folder is filled from node a first.
+    again = on_ranks(functools.partial(_restore, [node_a, node_a, node_c, node_c]), 4)
+    for step, weight, _ in again:
+        assert step == 4
+        torch.testing.assert_close(weight, _full(4), rtol=0, atol=0)
+    assert _files(Path(node_c), 4) == _files(Path(node_a), 4)
+
+
+def test_a_snapshot_missing_a_file_on_every_node_is_not_restored(tmp_path: Path) -> None:
+    node_a, node_b = (str(tmp_path / name / "job") for name in ("a", "b"))
+    on_ranks(functools.partial(_save, [node_a, node_a, node_b, node_b]), 4)
+    for node in (node_a, node_b):  # both copies of rank 3's shard are gone
+        (Path(node) / "step-00000004" / "__3_0.distcp").unlink()
+    assert on_ranks(functools.partial(_restore, [node_a, node_a, node_b, node_b]), 4) == [None] * 4
