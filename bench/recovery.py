@@ -7,8 +7,15 @@ event's MTTR (failure to the first new step), steps lost, seconds lost, and the 
 goodput as GET /v1/jobs/{id} shows it.
 
     .venv/bin/python -m bench.recovery [KIND ...] [--trials N] [--at-step S]
-        (kinds: kill hang raise nan supervisor; with N > 1, a summary line per kind:
-        p50 and p99 MTTR, mean steps lost and goodput)
+        (kinds: kill hang raise nan supervisor node_loss preemption; with N > 1, a
+        summary line per kind: p50 and p99 MTTR, mean steps lost and goodput)
+
+The node kinds run on a cluster of two local Ray nodes (the head takes other nodes, and
+each trial starts a second node at its own loopback address with its own host memory:
+service/local_nodes.py). Their job is elastic on 4 ranks, two on each node, with
+snapshots every 2 steps: `node_loss` kills the second node (and its host memory);
+`preemption` drains it with a 20 s deadline, as a spot handler would, and kills it once
+the job has left it.
 
 Two clocks: `mttr_s` is the recovery event's (from when the supervisor saw the failure
 to the first new step it saw), `fault_to_step_s` is from the fault's injection to that
@@ -27,16 +34,26 @@ import signal
 import statistics
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from api.client import Client
 from api.local_service import local_service
+from service.local_nodes import (
+    FAST_NODE_DEATH,
+    LocalNode,
+    drain_for_preemption,
+    start_local_node,
+)
+from service.local_ray import LocalRay, start_local_ray
 
 log = logging.getLogger(__name__)
 
-KINDS = ("kill", "hang", "supervisor")
+KINDS = ("kill", "hang", "supervisor", "node_loss", "preemption")
+NODE_KINDS = ("node_loss", "preemption")
+CPUS_PER_NODE = 2
+DEADLINE_S = 20
 INJECT_AT_STEP = 10
 LIMIT_S = 600.0
 
@@ -54,6 +71,16 @@ SPEC: dict[str, Any] = {
     },
     "checkpoint": {"every_steps": 4},
     "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8},
+}
+
+
+# Two ranks on each of two nodes; it goes on at 2 ranks on one.
+NODE_SPEC: dict[str, Any] = {
+    **SPEC,
+    "parallel": {"dp": 4, "zero_stage": 2},
+    "train": {**SPEC["train"], "global_batch_size": 8},
+    "checkpoint": {"every_steps": 20, "memory_every_steps": 2},
+    "fault_tolerance": {"max_failures": 2, "hang_timeout_s": 8, "elastic": {"min_dp": 1}},
 }
 
 
@@ -88,12 +115,48 @@ def kill_supervisor(state_dir: Path, job_id: str) -> None:
     os.kill(int(pid), signal.SIGKILL)
 
 
+def second_node_id(head: LocalRay, ip: str) -> str:
+    head.use_auth()  # before ray is imported: it reads its authentication settings then
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=head.address, log_to_driver=False)
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ip)
+
+
+def lose_node(client: Client, head: LocalRay, node: LocalNode, kind: str, job_id: str) -> datetime:
+    """Kill or drain the second node under the job; when the fault began."""
+    began = datetime.now(UTC)
+    if kind == "node_loss":
+        node.kill()
+        return began
+    drain_for_preemption(head, second_node_id(head, node.ip), DEADLINE_S)
+    # Once the job trains off the node (its recovery closed), the provider takes it.
+    deadline = time.monotonic() + LIMIT_S
+    while not any(
+        (e["data"] or {}).get("kind") == "recovery" for e in client.events(job_id, after=0)
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not leave the drained node")
+        time.sleep(0.2)
+    node.kill()
+    return began
+
+
 def measure(
-    client: Client, state_dir: Path, kind: str, at_step: int = INJECT_AT_STEP
+    client: Client,
+    state_dir: Path,
+    kind: str,
+    at_step: int = INJECT_AT_STEP,
+    cluster: tuple[LocalRay, LocalNode] | None = None,
 ) -> dict[str, Any]:
-    job = client.submit({**SPEC, "name": f"bench-recovery-{kind}"})
+    spec = NODE_SPEC if kind in NODE_KINDS else SPEC
+    job = client.submit({**spec, "name": f"bench-recovery-{kind}"})
     wait(client, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= at_step)
-    if kind == "supervisor":
+    began: datetime | None = None
+    if cluster is not None:
+        began = lose_node(client, *cluster, kind, job["id"])
+    elif kind == "supervisor":
         kill_supervisor(state_dir, job["id"])
     else:
         client.inject_fault(job["id"], kind, rank=1)
@@ -105,8 +168,10 @@ def measure(
     steps = [m["step"] for m in metrics]
     fault_to_step = None
     faults = [e for e in events if e["message"].startswith("fault injected")]
-    if closed and faults:
-        took = datetime.fromisoformat(closed[0]["time"]) - datetime.fromisoformat(faults[0]["time"])
+    if began is None and faults:
+        began = datetime.fromisoformat(faults[0]["time"])
+    if closed and began is not None:
+        took = _aware(datetime.fromisoformat(closed[0]["time"])) - _aware(began)
         fault_to_step = round(took.total_seconds(), 2)
     return {
         "fault": kind,
@@ -119,12 +184,17 @@ def measure(
         "steps_lost": end["steps_lost"],
         "seconds_lost": round(end["seconds_lost"], 2),
         "goodput": round(end["goodput"], 3) if end["goodput"] is not None else None,
-        "every_step_once": steps == list(range(1, SPEC["train"]["steps"] + 1)),
+        "every_step_once": steps == list(range(1, spec["train"]["steps"] + 1)),
         # Where it was not: the steps never recorded, and those recorded twice.
-        "missing": sorted(set(range(1, SPEC["train"]["steps"] + 1)) - set(steps)),
+        "missing": sorted(set(range(1, spec["train"]["steps"] + 1)) - set(steps)),
         "repeated": sorted({s for s in steps if steps.count(s) > 1}),
         "cause": recoveries[0]["cause"] if recoveries else end["failure_reason"],
     }
+
+
+def _aware(moment: datetime) -> datetime:
+    """The database's times are UTC, with or without saying so."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -159,22 +229,45 @@ def main() -> None:
         "--at-step", type=int, default=INJECT_AT_STEP, help="inject once the job reaches it"
     )
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
-        local_service(Path(state)) as svc,
-        svc.client() as client,
-    ):
-        for kind in args.kinds:
-            trials = []
-            for _ in range(args.trials):
-                trials.append(measure(client, Path(state), kind, args.at_step))
-                print(json.dumps(trials[-1]), flush=True)
-            if args.trials > 1:
-                print(json.dumps(summary(kind, trials)), flush=True)
-    # Node loss needs a cluster of several nodes, which the embedded head (loopback, one
-    # node) is not: tests/e2e/test_elastic.py runs it on two `ray start` nodes.
-    skipped = "needs several Ray nodes; tests/e2e/test_elastic.py covers node loss"
-    print(json.dumps({"fault": "node_loss", "skipped": skipped}))
+    with tempfile.TemporaryDirectory(prefix="shardline-bench-") as state:
+        head = None
+        if set(args.kinds) & set(NODE_KINDS):
+            # A head that takes other nodes, started first: `shardline serve` adopts it.
+            os.environ.update(FAST_NODE_DEATH)
+            head = start_local_ray(Path(state), CPUS_PER_NODE, loopback=False)
+        with local_service(Path(state)) as svc, svc.client() as client:
+            nodes = 0
+            for kind in args.kinds:
+                trials = []
+                for _ in range(args.trials):
+                    cluster = None
+                    if kind in NODE_KINDS and head is not None:
+                        nodes += 1  # a fresh node (and address) each trial
+                        node = start_local_node(
+                            head,
+                            Path(state) / "nodes",
+                            f"node{nodes}",
+                            f"127.0.0.{nodes + 1}",
+                            CPUS_PER_NODE,
+                        )
+                        cluster = (head, node)
+                        wait_for_cpus(client, 2 * CPUS_PER_NODE)
+                    try:
+                        trials.append(measure(client, Path(state), kind, args.at_step, cluster))
+                    finally:
+                        if cluster is not None:
+                            cluster[1].kill()
+                    print(json.dumps(trials[-1]), flush=True)
+                if args.trials > 1:
+                    print(json.dumps(summary(kind, trials)), flush=True)
+
+
+def wait_for_cpus(client: Client, cpus: float) -> None:
+    deadline = time.monotonic() + 120
+    while client.cluster()["resources"].get("CPU", 0) < cpus:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster has not {cpus} CPUs: {client.cluster()}")
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -73,10 +73,12 @@ def test_min_dp_above_dp_is_refused_naming_the_field() -> None:
 
 
 class FakeGroup:
-    """Ranks fit only at or below `room` ranks."""
+    """Ranks fit only at or below `room` ranks; `lost`: a node of the last placement is
+    dead."""
 
-    def __init__(self, room: int) -> None:
+    def __init__(self, room: int, lost: bool = False) -> None:
         self.room = room
+        self.lost = lost
         self.world_size = 0
         self.resized: list[int] = []
 
@@ -92,6 +94,9 @@ class FakeGroup:
 
     def has_room_for(self, spec: JobSpec) -> bool:
         return spec.parallel.world_size <= self.room
+
+    def lost_a_node(self) -> bool:
+        return self.lost
 
 
 def test_an_elastic_job_that_cannot_get_its_ranks_goes_on_with_fewer() -> None:
@@ -113,6 +118,26 @@ def test_an_elastic_job_that_cannot_get_its_ranks_goes_on_with_fewer() -> None:
         e.startswith("elastic re-plan: dp=4 tp=1 pp=1 (4 ranks)") and "(2 ranks)" in e
         for e in events
     ), events
+
+
+def test_a_dead_node_under_the_job_re_plans_without_waiting_for_the_old_size() -> None:
+    took = {}
+    for lost in (False, True):
+        group = FakeGroup(room=2, lost=lost)
+        group.world_size = 4
+        started = time.monotonic()
+        placed = reserve_placement(
+            group,
+            spec(dp=4),
+            spec(dp=4),
+            cancelled=lambda: False,
+            on_event=lambda event: None,
+            elastic_wait_s=1.0,
+            chunk_s=0.01,
+        )
+        assert placed is not None and placed[1].parallel.world_size == 2
+        took[lost] = time.monotonic() - started
+    assert took[False] >= 1.0 and took[True] < 0.5, took
 
 
 def test_without_elastic_it_waits_for_capacity_and_cancel_ends_the_wait() -> None:

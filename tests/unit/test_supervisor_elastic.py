@@ -41,6 +41,9 @@ class PlacedFakeWorkers(FakeWorkers):
     def has_room_for(self, spec: JobSpec) -> bool:
         return self.room
 
+    def lost_a_node(self) -> bool:
+        return False
+
 
 def lost(rank: int) -> WorkerStatus:
     return replace(status(rank, "failed", 0, error="its actor died"), lost=True)

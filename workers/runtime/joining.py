@@ -8,13 +8,18 @@ from typing import Any
 
 import ray
 
-from workers.runtime.supervisor.workers import StartCancelled
+from workers.runtime.supervisor.workers import NodeLost, StartCancelled
 
 # How often a start that waits for the world to join looks for a cancel.
 START_SLICE_S = 0.5
 
 
-def wait_for_start(refs: list[Any], deadline: float, cancelled: Callable[[], bool]) -> list[Any]:
+def wait_for_start(
+    refs: list[Any],
+    deadline: float,
+    cancelled: Callable[[], bool],
+    lost: Callable[[], bool] = lambda: False,
+) -> list[Any]:
     """ray.get(refs) by `deadline`, in slices of at most START_SLICE_S that check for a
     cancel between them (StartCancelled): starting a world can take minutes.
 
@@ -25,6 +30,8 @@ def wait_for_start(refs: list[Any], deadline: float, cancelled: Callable[[], boo
     while pending:
         if cancelled():
             raise StartCancelled("cancelled while the workers were starting")
+        if lost():  # its actors would wait for their node until the deadline
+            raise NodeLost([])  # the caller names the nodes
         left = deadline - time.monotonic()
         if left <= 0:
             raise ray.exceptions.GetTimeoutError(f"{len(pending)} worker(s) did not start in time")

@@ -31,6 +31,7 @@ from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.placement.node_health import free_outside
 from workers.runtime.spares import WarmSpares, kill_actors
+from workers.runtime.supervisor.workers import NodeLost
 from workers.storage.layout import CheckpointLocations, JobLayout
 from workers.storage.snapshots import remove_snapshot_dir
 
@@ -111,6 +112,11 @@ class WorkerGroup:
     def node_of(self, ranks: list[int]) -> list[str]:
         return [self.node_of_rank[r] for r in ranks if r < len(self.node_of_rank)]
 
+    def lost_a_node(self) -> bool:
+        """Whether a node of the last placement is dead."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return any(node not in alive for node in self.node_of_rank)
+
     def has_room_for(self, spec: JobSpec) -> bool:
         """Whether the cluster's free resources (with this job's own) could hold `spec`'s
         ranks now: a cheap check before growing back."""
@@ -146,20 +152,18 @@ class WorkerGroup:
         self.actors = spares or self._make_actors(self.attempt, locations, spare=False)
         self.warm_start = bool(spares)  # said in the supervisor's event
         self.spares.attempt_started()
-        deadline = time.monotonic() + join_timeout_s
-        ((addr, port),) = wait_for_start(
-            [self.actors[0].rendezvous_address.remote()], deadline, cancelled
-        )
-        wait_for_start(
-            [a.start.remote(addr, port, join_timeout_s) for a in self.actors], deadline, cancelled
-        )
-        log.info(
-            "job %s: %d workers started, rendezvous %s:%d",
-            self.job_id,
-            len(self.actors),
-            addr,
-            port,
-        )
+        deadline, lost = time.monotonic() + join_timeout_s, self.lost_a_node
+        try:
+            refs = [self.actors[0].rendezvous_address.remote()]
+            ((addr, port),) = wait_for_start(refs, deadline, cancelled, lost)
+            refs = [a.start.remote(addr, port, join_timeout_s) for a in self.actors]
+            wait_for_start(refs, deadline, cancelled, lost)
+        except NodeLost:
+            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            self.kill_workers()
+            self.drop_placement()
+            raise NodeLost(sorted(set(self.node_of_rank) - alive)) from None
+        log.info("job %s: %d workers started at %s:%d", self.job_id, len(self.actors), addr, port)
 
     def _make_actors(
         self, attempt: int, locations: CheckpointLocations, *, spare: bool

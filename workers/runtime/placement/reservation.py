@@ -26,6 +26,9 @@ class ResizableWorkers(Protocol):
     def reserve(self, timeout_s: float) -> list[str]: ...
     def resize(self, spec: JobSpec) -> None: ...
     def has_room_for(self, spec: JobSpec) -> bool: ...
+    # Whether a node of the last placement is dead: it will not come back (Ray never
+    # reuses a node's ID), so waiting for the old size is waiting for other capacity.
+    def lost_a_node(self) -> bool: ...
 
 
 class Reserver(Protocol):
@@ -53,7 +56,9 @@ def reserve_placement(
             return workers.reserve(chunk_s), current
         except TimeoutError:
             pass
-        if time.monotonic() - since < elastic_wait_s:
+        # The first re-plan comes at once where a node the job ran on is dead.
+        gone = current is spec and isinstance(workers, ResizableWorkers) and workers.lost_a_node()
+        if time.monotonic() - since < elastic_wait_s and not gone:
             continue
         shrunk = next_smaller(current, full) if isinstance(workers, ResizableWorkers) else None
         if shrunk is None or not isinstance(workers, ResizableWorkers):

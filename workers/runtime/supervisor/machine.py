@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 
+from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import TERMINAL, JobState, is_legal
 from workers.contract.spec import JobSpec
 from workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
@@ -26,6 +27,7 @@ from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
 from workers.runtime.supervisor.workers import (
+    NodeLost,
     StartCancelled,
     Workers,
     WorkersFactory,
@@ -157,6 +159,10 @@ class JobSupervisor(ControlPlaneCalls):
         except StartCancelled:
             self.workers.release()
             return Next(JobState.CANCELLING, "cancel requested while the workers started")
+        except NodeLost as lost:  # reserve again, without the node, in the next step
+            said = f"{lost}: placing the job again"
+            self.relay.event(Event(EventKind.NODE, said, {"nodes": lost.nodes}))
+            return Next(self.state, str(lost))
         world_size = len(placed[0])
         self.relay.started(verb, world_size, self.workers.warm_start)
         return Next(JobState.RUNNING, f"{world_size} workers {verb}")

@@ -21,6 +21,17 @@ class StartCancelled(Exception):
     """A cancel came while the workers were starting: they are left to release()."""
 
 
+class NodeLost(Exception):
+    """A node of the placement died while the workers started (a restart onto a node Ray
+    had not yet declared dead): they are killed and the placement dropped, so the next
+    start reserves again without it, and it is no failure of the job."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        named = ", ".join(n[:8] for n in nodes) or "?"
+        super().__init__(f"node(s) {named} of the placement died while the workers started")
+        self.nodes = nodes
+
+
 class Workers(Protocol):
     def reserve(self, timeout_s: float) -> list[str]: ...
     # Waits for the world to join in short slices, raising StartCancelled once
