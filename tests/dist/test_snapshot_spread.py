@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from tests.dist.ranks import on_ranks
 from workers.contract.events import Event, EventKind
+from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.engine.checkpoint.tier import CheckpointTier
 from workers.storage.checkpoints import MANIFEST, CheckpointStore
 from workers.storage.layout import CheckpointLocations
@@ -34,8 +35,9 @@ def _tier(folder: str, events: list[Event]) -> CheckpointTier:
         keep_last=1,
         async_save=True,
         info={"layout": "test"},
-        on_event=events.append,
+        on_event=lambda event: None,  # as the manager's: every save to the log only
         kind="snapshot",
+        on_report=events.append,  # what the job's events are told
     )
 
 
@@ -48,6 +50,18 @@ def _save(folders: list[str], rank: int, world: int, device: torch.device) -> li
         tier.save(step, {"w": weight}, {"step": step})
         tier.wait()
     return [(e.kind.value, e.data) for e in events]
+
+
+def _no_room(path: str) -> Any:
+    raise OSError(28, "No space left on device", path)
+
+
+def _save_once_failing(folders: list[str], rank: int, world: int, device: torch.device) -> Any:
+    """Rank 2 (node b's leader) cannot write what node a sends it at the first snapshot."""
+    if rank == 2:
+        SnapshotSpread._open_for_writing = staticmethod(_no_room)  # type: ignore[method-assign]
+    said = _save(folders, rank, world, device)
+    return said, sorted(p.name for p in Path(folders[rank]).iterdir() if p.name.startswith("step"))
 
 
 def _restore(folders: list[str], rank: int, world: int, device: torch.device) -> Any:
@@ -106,9 +120,41 @@ def test_a_lost_node_costs_nothing_of_the_newest_snapshot(tmp_path: Path) -> Non
     assert _files(Path(node_c), 4) == _files(Path(node_a), 4)
 
 
+def test_a_node_that_cannot_take_its_copy_fails_that_snapshot_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    node_a, node_b = (str(tmp_path / name / "job") for name in ("a", "b"))
+    # Without agreement the ranks that could write would wait for ever in the next
+    # collective (on_ranks' timeout fails the test); rank 2 keeps failing here.
+    got = on_ranks(functools.partial(_save_once_failing, [node_a, node_a, node_b, node_b]), 4, 120)
+    said, folders = zip(*got, strict=True)
+    failed = [data for kind, data in said[0] if kind == EventKind.SAVE_FAILED]
+    assert [f["step"] for f in failed] == [2], said[0]  # said once, though both failed
+    assert all(f == [] for f in folders), folders  # nothing committed, no staging left
+    assert not [p for n in (node_a, node_b) for p in Path(n).glob(".staging-*")]
+    assert not list(Path(node_b).rglob("*.partial"))
+
+
 def test_a_snapshot_missing_a_file_on_every_node_is_not_restored(tmp_path: Path) -> None:
     node_a, node_b = (str(tmp_path / name / "job") for name in ("a", "b"))
     on_ranks(functools.partial(_save, [node_a, node_a, node_b, node_b]), 4)
     for node in (node_a, node_b):  # both copies of rank 3's shard are gone
         (Path(node) / "step-00000004" / "__3_0.distcp").unlink()
     assert on_ranks(functools.partial(_restore, [node_a, node_a, node_b, node_b]), 4) == [None] * 4
+
+
+def test_snapshots_newer_than_the_restored_step_are_dropped(
+    tmp_path: Path, one_rank_world: torch.device
+) -> None:
+    # A run that restored step 4 (a storage checkpoint, say) gives up the later snapshot
+    # of the timeline it left: kept, it would outrank and prune each new one.
+    store = CheckpointStore(str(tmp_path / "job"))
+    private_snapshot_dir(tmp_path / "job")
+    for step in (4, 9):
+        Path(store.staging_path(step)).mkdir(parents=True)
+        store.commit(step, {}, {})
+    spread = SnapshotSpread(store, None)
+    spread.forget_after(4)
+    assert [c.step for c in store.committed()] == [4]
+    spread.forget_after(0)  # a fresh start: none is of this run
+    assert store.committed() == []

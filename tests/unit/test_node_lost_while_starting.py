@@ -47,3 +47,23 @@ def test_the_job_is_placed_again_and_no_failure_is_counted(tmp_path: Path) -> No
     said = [e.message for e in events(sup)]
     assert any(m.startswith("node(s) deadbeef of the placement died") for m in said), said
     assert sup.handling.failures == 0
+
+
+def test_an_actor_that_died_with_its_node_is_a_lost_node_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    import workers.runtime.joining as joining
+
+    def died(refs: object) -> None:
+        raise ray.exceptions.RayActorError()
+
+    monkeypatch.setattr(joining.ray, "wait", lambda pending, **_: (pending, []))
+    monkeypatch.setattr(joining.ray, "get", died)
+    checks = iter([False, True])  # Ray marks the node dead just after the actor's death
+    with pytest.raises(NodeLost):
+        wait_for_start([object()], time.monotonic() + 300, lambda: False, lambda: next(checks))
+    alive = iter([False, False])  # an actor that died on a live node: a failure
+    with pytest.raises(ray.exceptions.RayActorError):
+        wait_for_start([object()], time.monotonic() + 300, lambda: False, lambda: next(alive))

@@ -27,10 +27,11 @@ def drive(cadence: SnapshotCadence, steps: int, plain_s: float, snapshot_s: floa
 def test_a_snapshot_that_costs_a_tenth_of_a_step_is_taken_every_five_steps() -> None:
     cadence = SnapshotCadence("auto", 0)
     taken = drive(cadence, 40, plain_s=1.0, snapshot_s=1.1)
-    # The first after the first steps, then the first guess, then every 0.1/(0.02*1.0).
-    assert taken[:2] == [FIRST_AFTER, FIRST_AFTER + FIRST_GUESS]
-    assert taken[2] == taken[1] + 5
-    assert all(b - a == 5 for a, b in itertools.pairwise(taken[2:])), taken
+    # The first after the first steps, then the first guess twice (the first snapshot
+    # came before enough plain steps to measure it against), then every 0.1/(0.02*1.0).
+    assert taken[:3] == [FIRST_AFTER, FIRST_AFTER + FIRST_GUESS, FIRST_AFTER + 2 * FIRST_GUESS]
+    assert taken[3] == taken[2] + 5
+    assert all(b - a == 5 for a, b in itertools.pairwise(taken[3:])), taken
     assert abs((cadence.cost_s or 0) - 0.1) < 1e-9
 
 
@@ -51,6 +52,15 @@ def test_local_sgd_snapshots_fall_on_syncs() -> None:
 def test_a_fixed_interval_is_kept_and_zero_is_off() -> None:
     assert drive(SnapshotCadence(3, 0), 10, 1.0, 5.0) == [3, 6, 9]
     assert drive(SnapshotCadence(0, 0), 10, 1.0, 5.0) == []
+
+
+def test_one_noisy_step_does_not_make_snapshots_free() -> None:
+    cadence = SnapshotCadence("auto", 0)
+    for step in range(1, 9):
+        cadence.step_timed(step, 1.0, None)
+    cadence.step_timed(9, 1.1, "snapshot")  # costs 0.1
+    cadence.step_timed(10, 0.95, "snapshot")  # a fast step: reads as free
+    assert cadence.proposal() == 3  # the mean of 0.1 and 0: not every step
 
 
 def test_a_save_that_failed_before_agreeing_keeps_the_interval() -> None:

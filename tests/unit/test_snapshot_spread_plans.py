@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from workers.storage.snapshot_spread import (
     FolderGroups,
@@ -110,3 +111,18 @@ def test_every_rank_of_a_folder_reads_one_identity(tmp_path: Path) -> None:
         t.join()
     assert len(set(seen)) == 1 and len(seen[0]) == 32
     assert [p.name for p in tmp_path.iterdir()] == [".folder-id"]
+
+
+def test_the_same_step_from_two_saves_is_never_mixed() -> None:
+    groups = FolderGroups.from_identities(["a", "b"])
+    files: dict[str, Any] = {"__0_0.distcp": {}, "__1_0.distcp": {}}
+
+    def held(save: str, names: set[str]) -> list[Listing]:
+        manifest = {"step": 4, "files": files, "save_id": save}
+        return [Listing(4, manifest, frozenset(names))]
+
+    # Node a's step 4 is from a timeline given up; node b's from this one: neither whole.
+    split = {0: held("old", {"__0_0.distcp"}), 1: held("new", {"__1_0.distcp"})}
+    assert restore_plan(groups, split) == []
+    same = {0: held("new", {"__0_0.distcp"}), 1: held("new", {"__1_0.distcp"})}
+    assert [m["save_id"] for m, _ in restore_plan(groups, same)] == ["new"]

@@ -38,5 +38,10 @@ def wait_for_start(
         ready, pending = ray.wait(
             pending, num_returns=len(pending), timeout=min(START_SLICE_S, left)
         )
-        ray.get(ready)  # raises for a rank that failed
+        try:
+            ray.get(ready)  # raises for a rank that failed
+        except ray.exceptions.RayActorError:
+            if lost():  # it died with its node
+                raise NodeLost([]) from None
+            raise
     return ray.get(refs)

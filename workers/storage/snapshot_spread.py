@@ -125,18 +125,25 @@ def restore_plan(
     """Snapshot steps a restore may use, newest first: each with its manifest and the
     transfers that give every leader's folder all its files. `listings` are each leader's
     committed steps. A step whose files are not all on some live node is left out."""
-    steps: dict[int, dict[int, Listing]] = {}
+    # One save is one (step, save id): the same step saved in two timelines is two.
+    saves: dict[tuple[int, str], dict[int, Listing]] = {}
     for leader, found in listings.items():
         for listing in found:
-            steps.setdefault(listing.step, {})[leader] = listing
+            key = (listing.step, str(listing.manifest.get("save_id", "")))
+            saves.setdefault(key, {})[leader] = listing
     out = []
-    for step in sorted(steps, reverse=True):
-        holders = steps[step]
+    newest_first = sorted(saves, key=lambda k: (k[0], _committed_at(saves[k])), reverse=True)
+    for key in newest_first:
+        holders = saves[key]
         manifest = holders[min(holders)].manifest
         plan = _fill(groups.leaders, holders, set(manifest["files"]))
         if plan is not None:
             out.append((manifest, plan))
     return out
+
+
+def _committed_at(holders: dict[int, Listing]) -> float:
+    return max(float(h.manifest.get("committed_at", 0.0)) for h in holders.values())
 
 
 def _fill(

@@ -24,6 +24,8 @@ FIRST_AFTER = 3  # steps after a (re)start: the first steps are slow and would m
 FIRST_GUESS = 10  # the interval after the first snapshot, before any cost is known
 MAX_EVERY = 1000
 _PLAIN_STEPS = 16  # recent steps without a save, for the baseline
+_MIN_PLAIN = 4  # plain steps seen before a snapshot's cost is read against them
+_COSTS = 3  # recent snapshots' costs, averaged
 
 
 class SnapshotCadence:
@@ -38,6 +40,7 @@ class SnapshotCadence:
         self.proposed: int | None = None  # agreed in the last snapshot, applied on join
         self._taken_at: int | None = None
         self._plain: deque[float] = deque(maxlen=_PLAIN_STEPS)
+        self._costs: deque[float] = deque(maxlen=_COSTS)
         self.cost_s: float | None = None  # the last snapshot's measured cost
         self.interval = FIRST_GUESS
 
@@ -56,8 +59,12 @@ class SnapshotCadence:
         "checkpoint" or None)."""
         if after is None:
             self._plain.append(seconds)
-        elif after == "snapshot" and self._plain:
-            self.cost_s = max(0.0, seconds - statistics.median(self._plain))
+        elif after == "snapshot" and len(self._plain) >= _MIN_PLAIN:
+            cost = max(0.0, seconds - statistics.median(self._plain))
+            self._costs.append(cost)
+            # The mean of the last few: one noisy step would otherwise read as a free
+            # snapshot (an interval of 1) or a dear one.
+            self.cost_s = statistics.mean(self._costs)
 
     def proposal(self) -> int:
         """Rank 0's interval from the costs seen so far (the first guess before any)."""

@@ -95,6 +95,8 @@ class CheckpointManager:
         if self.storage is None:
             return None
         found = self.storage.restore(self.where, self.tensors.load_template, self.memory)
+        if self.memory is not None and self.memory.spread is not None:
+            self.memory.spread.forget_after(0 if found is None else found[0].step)
         if found is None:
             return None
         ckpt, state = found

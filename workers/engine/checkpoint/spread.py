@@ -9,10 +9,11 @@ order every rank computes alike, so no two ranks wait on each other in a cycle. 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -105,6 +106,21 @@ class SnapshotSpread:
             for m, plan in restore_plan(self.groups, listings)
         ]
 
+    def forget_after(self, step: int) -> None:
+        """Leaders: drop committed snapshots newer than `step`, the step the run restored
+        (0: none). They belong to a timeline given up; kept, they would outrank (and have
+        pruned) every snapshot of this one."""
+        if not self.leader:
+            return
+        for ckpt in self.store.committed():
+            if ckpt.step > step:
+                with contextlib.suppress(OSError):
+                    self.store.fs.rm(f"{ckpt.path}/{MANIFEST}")
+                    self.store.fs.rm(ckpt.path, recursive=True)
+                log.info(
+                    "dropped snapshot step %d, newer than the restored step %d", ckpt.step, step
+                )
+
     def fill(self, ckpt: CommittedCheckpoint, plan: list[Transfer]) -> None:
         """Every rank: move `plan`'s files, then commit the step where a node lacked it."""
         if not plan:
@@ -119,33 +135,74 @@ class SnapshotSpread:
     # -- moving bytes ----------------------------------------------------------------------
 
     def move(self, plan: list[Transfer], folder: str) -> None:
-        """Copy each planned file from its sender's `folder` into its receiver's (the same
-        path on every node)."""
+        """Every rank: copy each planned file from its sender's `folder` into its
+        receiver's (the same path on every node). A rank that cannot read or write a file
+        keeps the exchange in step (a sender sends nothing, a receiver drains what comes)
+        and every rank raises together at the end, so no peer waits for ever on it."""
+        problem = None
         for transfer in plan:
             if transfer.src == self.rank:
-                self._send(os.path.join(folder, transfer.name), transfer.dst)
+                problem = self._send(os.path.join(folder, transfer.name), transfer.dst) or problem
             elif transfer.dst == self.rank:
-                self._receive(os.path.join(folder, transfer.name), transfer.src)
+                path = os.path.join(folder, transfer.name)
+                problem = self._receive(path, transfer.src) or problem
+        problems: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem, group=self.group)
+        found = next((p for p in problems if p is not None), None)
+        if found is not None:
+            raise OSError(f"moving snapshot files between nodes failed: {found}")
 
-    def _send(self, path: str, dst: int) -> None:
-        size = os.path.getsize(path)
+    def _send(self, path: str, dst: int) -> str | None:
+        """Send one file; what went wrong here, if anything (the receiver gets size -1)."""
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed below; a failure must still send)
+            size = os.fstat(f.fileno()).st_size
+        except OSError as err:
+            dist.send(torch.tensor([-1], dtype=torch.int64), dst, group=self.group)
+            return f"rank {self.rank} could not read {path}: {err}"
         dist.send(torch.tensor([size], dtype=torch.int64), dst, group=self.group)
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                dist.send(
-                    torch.frombuffer(bytearray(chunk), dtype=torch.uint8), dst, group=self.group
-                )
+        with f:
+            left = size
+            while left > 0:  # exactly `size` bytes, as promised: zeros where a read fell short
+                data = f.read(min(left, _CHUNK))
+                chunk = bytearray(data.ljust(min(left, _CHUNK), b"\0"))
+                dist.send(torch.frombuffer(chunk, dtype=torch.uint8), dst, group=self.group)
+                left -= len(chunk)
+        return None
 
-    def _receive(self, path: str, src: int) -> None:
+    @staticmethod
+    def _open_for_writing(path: str) -> BinaryIO:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")  # the caller closes it, after the drain
+
+    def _receive(self, path: str, src: int) -> str | None:
+        """Receive one file; what went wrong here or at the sender, if anything."""
         size = torch.empty(1, dtype=torch.int64)
         dist.recv(size, src, group=self.group)
         left = int(size.item())
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if left < 0:
+            return f"rank {src} could not send {os.path.basename(path)}"
         partial = f"{path}.partial"
-        with open(partial, "wb") as f:
-            while left > 0:
-                chunk = torch.empty(min(left, _CHUNK), dtype=torch.uint8)
-                dist.recv(chunk, src, group=self.group)
-                f.write(chunk.numpy().tobytes())
-                left -= chunk.numel()
-        os.replace(partial, path)  # a half-received file is never taken for the whole
+        problem = None
+        out = None
+        try:
+            out = self._open_for_writing(partial)
+        except OSError as err:
+            problem = f"rank {self.rank} could not write {path}: {err}"
+        while left > 0:  # drained even when it cannot be written
+            chunk = torch.empty(min(left, _CHUNK), dtype=torch.uint8)
+            dist.recv(chunk, src, group=self.group)
+            left -= chunk.numel()
+            if out is not None and problem is None:
+                try:
+                    out.write(chunk.numpy().tobytes())
+                except OSError as err:  # a full /dev/shm
+                    problem = f"rank {self.rank} could not write {path}: {err}"
+        if out is not None:
+            out.close()
+        if problem is None:
+            os.replace(partial, path)  # a half-received file is never taken for the whole
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(partial)
+        return problem

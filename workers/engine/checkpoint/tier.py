@@ -14,9 +14,11 @@ their own, while training continues. At most one save is in flight.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +101,7 @@ class CheckpointTier:
         # Who commits into its folder: rank 0 alone, or each node's leader for snapshots.
         self.committer = self.rank == 0 if self.spread is None else self.spread.leader
         self._reported = False  # snapshot memory per node: said once a run
+        self._said_failure = False  # a failed snapshot: said once a run
         if store is not None:
             if self.committer:
                 store.clear_staging()
@@ -164,13 +167,19 @@ class CheckpointTier:
             self._write(*args)
         except Exception as err:  # a failed save must not kill training; the next retries
             log.exception("checkpoint save failed")
-            self.on_event(
-                Event(
-                    EventKind.SAVE_FAILED,
-                    f"{self.kind} save of step {args[0]} failed: {err}",
-                    {"step": args[0]},
-                )
+            said = Event(
+                EventKind.SAVE_FAILED,
+                f"{self.kind} save of step {args[0]} failed: {err}",
+                {"step": args[0]},
             )
+            # A snapshot's failures go to the rank's log, but the first one to the job's
+            # events too: one that fails every time (a small /dev/shm) must be seen.
+            first = self.kind == "snapshot" and not self._said_failure
+            self._said_failure = self._said_failure or first
+            (self.on_report if first else self.on_event)(said)
+            if self.store is not None and self.committer:  # host memory is scarce
+                with contextlib.suppress(OSError):
+                    self.store.fs.rm(self.store.staging_path(args[0]), recursive=True)
 
     def _write(
         self,
@@ -217,6 +226,9 @@ class CheckpointTier:
             "world_size": self.world,
             "save_s": total,
             "blocking_s": blocking_s,
+            # Which save: nodes that hold the same step from different timelines (a
+            # node that left the world and came back) do not mix their files.
+            "save_id": uuid.uuid4().hex,
         }
         if self.spread is not None and self.spread.groups.spread:
             # Every node's leader commits the same manifest into its own folder.
@@ -290,8 +302,13 @@ class CheckpointTier:
         the state, or None where there is none."""
         for store, ckpt, moves in self.candidates(where, memory):
             if moves is not None and memory is not None and memory.spread is not None:
-                memory.spread.fill(ckpt, moves)
-            problem = self._verify(store, ckpt)
+                try:  # every rank raises together (SnapshotSpread.move)
+                    memory.spread.fill(ckpt, moves)
+                    problem = self._verify(store, ckpt)
+                except OSError as err:
+                    problem = str(err)
+            else:
+                problem = self._verify(store, ckpt)
             if problem is not None:
                 self.on_event(
                     Event(
