@@ -20,7 +20,9 @@ from collections import deque
 from typing import Literal
 
 BUDGET = 0.02  # of the step time
-FIRST_AFTER = 3  # steps after a (re)start: the first steps are slow and would mislead
+# Steps after a (re)start before the first snapshot: enough plain steps before it
+# (_MIN_PLAIN; the first step has no mark to time it from) for its cost to be measured.
+FIRST_AFTER = 5
 FIRST_GUESS = 10  # the interval after the first snapshot, before any cost is known
 MAX_EVERY = 1000
 _PLAIN_STEPS = 16  # recent steps without a save, for the baseline
