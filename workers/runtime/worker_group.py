@@ -29,7 +29,7 @@ from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
-from workers.runtime.placement.node_health import free_outside
+from workers.runtime.placement.node_health import alive_nodes, free_outside
 from workers.runtime.spares import WarmSpares, kill_actors
 from workers.runtime.supervisor.workers import NodeLost
 from workers.storage.layout import CheckpointLocations, JobLayout
@@ -101,7 +101,7 @@ class WorkerGroup:
         """Keep `nodes` out of the next placement (made again at the next reserve());
         returns those excluded. The cluster's last alive nodes are never all excluded:
         a job with nowhere to go would wait for ever."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        alive = alive_nodes()
         wanted = (self.excluded_nodes | nodes) & alive
         if not nodes or not alive - wanted:
             return set()
@@ -114,8 +114,7 @@ class WorkerGroup:
 
     def lost_a_node(self) -> bool:
         """Whether a node of the last placement is dead."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return any(node not in alive for node in self.node_of_rank)
+        return bool(set(self.node_of_rank) - alive_nodes())
 
     def has_room_for(self, spec: JobSpec) -> bool:
         """Whether the cluster's free resources (with this job's own) could hold `spec`'s
@@ -159,10 +158,10 @@ class WorkerGroup:
             refs = [a.start.remote(addr, port, join_timeout_s) for a in self.actors]
             wait_for_start(refs, deadline, cancelled, lost)
         except NodeLost:
-            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            dead = sorted(set(self.node_of_rank) - alive_nodes())
             self.kill_workers()
             self.drop_placement()
-            raise NodeLost(sorted(set(self.node_of_rank) - alive)) from None
+            raise NodeLost(dead) from None
         log.info("job %s: %d workers started at %s:%d", self.job_id, len(self.actors), addr, port)
 
     def _make_actors(
@@ -265,7 +264,7 @@ class WorkerGroup:
 
     def remove_snapshots(self) -> None:
         """Delete the job's in-memory snapshots on every node that may hold them."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        alive = alive_nodes()
         remove = ray.remote(num_cpus=0)(_remove_snapshots_here)
         refs = [
             remove.options(

@@ -33,7 +33,7 @@ from workers.engine.checkpoint.cadence import SnapshotCadence
 from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 from workers.storage.layout import CheckpointLocations
-from workers.storage.snapshot_spread import Transfer
+from workers.storage.snapshot_spread import Transfer, written_by
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +199,7 @@ class CheckpointTier:
             self.cadence.proposed = int(proposal[0])
         staging = store.staging_path(step)
         dcp.save(state, storage_writer=_writer(store, staging), process_group=self.group)
-        mine = [
-            n
-            for n in store.files_in(staging)
-            if n.startswith(f"__{self.rank}_") or (self.rank == 0 and n == ".metadata")
-        ]
+        mine = [n for n in store.files_in(staging) if written_by(n) == self.rank]
         sums = store.checksums(staging, mine)
         if self.spread is not None:
             self.spread.replicate(staging)

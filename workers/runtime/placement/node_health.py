@@ -64,6 +64,13 @@ class PlacedWorkers(Protocol):
     def exclude_nodes(self, nodes: set[str]) -> set[str]: ...
 
 
+def alive_nodes() -> set[str]:
+    """The IDs of the cluster's live nodes (a dead node's ID never comes back)."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
 def free_outside(nodes: set[str]) -> dict[str, float]:
     """The cluster's free resources less what `nodes` have free: room a job that leaves
     them out (bad, or being preempted) could use."""
