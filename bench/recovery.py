@@ -7,8 +7,10 @@ event's MTTR (failure to the first new step), steps lost, seconds lost, and the 
 goodput as GET /v1/jobs/{id} shows it.
 
     .venv/bin/python -m bench.recovery [KIND ...] [--trials N] [--at-step S]
+        [--restart in-place|full|both]
         (kinds: kill hang raise nan supervisor node_loss preemption; with N > 1, a
-        summary line per kind: p50 and p99 MTTR, mean steps lost and goodput)
+        summary line per kind: p50 and p99 MTTR, mean steps lost and goodput; with
+        `both`, N trials of each, in turn, and a summary line for each)
 
 The node kinds run on a cluster of two local Ray nodes (the head takes other nodes, and
 each trial starts a second node at its own loopback address with its own host memory:
@@ -38,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from api.client import Client
+from api.client import Client, Conflict
 from api.local_service import local_service
 from service.local_nodes import (
     FAST_NODE_DEATH,
@@ -149,8 +151,11 @@ def measure(
     kind: str,
     at_step: int = INJECT_AT_STEP,
     cluster: tuple[LocalRay, LocalNode] | None = None,
+    in_place: bool = True,
 ) -> dict[str, Any]:
-    spec = NODE_SPEC if kind in NODE_KINDS else SPEC
+    base = NODE_SPEC if kind in NODE_KINDS else SPEC
+    ft = {**base["fault_tolerance"], "recover_in_place": in_place}
+    spec = {**base, "fault_tolerance": ft}
     job = client.submit({**spec, "name": f"bench-recovery-{kind}"})
     wait(client, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= at_step)
     began: datetime | None = None
@@ -159,7 +164,10 @@ def measure(
     elif kind == "supervisor":
         kill_supervisor(state_dir, job["id"])
     else:
-        client.inject_fault(job["id"], kind, rank=1)
+        try:
+            client.inject_fault(job["id"], kind, rank=1)
+        except Conflict as refused:  # the job ended its training first: nothing measured
+            log.warning("job %s: %s", job["id"], refused)
     end = wait(client, job["id"], lambda j: False)
     events = client.events(job["id"], after=0)
     closed = [e for e in events if (e["data"] or {}).get("kind") == "recovery"]
@@ -175,12 +183,16 @@ def measure(
         fault_to_step = round(took.total_seconds(), 2)
     return {
         "fault": kind,
+        "restart": "in place" if in_place else "full",
         "state": end["state"],
         "restarts": end["restarts"],
         "recoveries": len(recoveries),
         "mttr_s": round(recoveries[0]["mttr_s"], 2) if recoveries else None,
         "fault_to_step_s": fault_to_step,
         "restored_step": recoveries[0]["restored_step"] if recoveries else None,
+        # Whether it went in place, or why every rank restarted.
+        "in_place": recoveries[0].get("in_place") if recoveries else None,
+        "why_not_in_place": recoveries[0].get("why_not_in_place") if recoveries else None,
         "steps_lost": end["steps_lost"],
         "seconds_lost": round(end["seconds_lost"], 2),
         "goodput": round(end["goodput"], 3) if end["goodput"] is not None else None,
@@ -208,7 +220,9 @@ def summary(kind: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
     whole = [t["fault_to_step_s"] for t in trials if t["fault_to_step_s"] is not None]
     return {
         "fault": kind,
+        "restart": trials[0]["restart"],
         "trials": len(trials),
+        "measured": len(mttr),  # those the fault reached before the job ended
         "succeeded": sum(t["state"] == "SUCCEEDED" for t in trials),
         "every_step_once": all(t["every_step_once"] for t in trials),
         "mttr_p50_s": round(percentile(mttr, 50), 2) if mttr else None,
@@ -228,7 +242,14 @@ def main() -> None:
     parser.add_argument(
         "--at-step", type=int, default=INJECT_AT_STEP, help="inject once the job reaches it"
     )
+    parser.add_argument(
+        "--restart",
+        choices=("in-place", "full", "both"),
+        default="in-place",
+        help="recover in place (the default), restart every rank, or both in turn",
+    )
     args = parser.parse_args()
+    modes = {"in-place": [True], "full": [False], "both": [True, False]}[args.restart]
     with tempfile.TemporaryDirectory(prefix="shardline-bench-") as state:
         head = None
         if set(args.kinds) & set(NODE_KINDS):
@@ -238,8 +259,9 @@ def main() -> None:
         with local_service(Path(state)) as svc, svc.client() as client:
             nodes = 0
             for kind in args.kinds:
-                trials = []
-                for _ in range(args.trials):
+                trials: dict[bool, list[dict[str, Any]]] = {mode: [] for mode in modes}
+                for trial in range(args.trials * len(modes)):
+                    in_place = modes[trial % len(modes)]  # in turn: both see the same load
                     cluster = None
                     if kind in NODE_KINDS and head is not None:
                         nodes += 1  # a fresh node (and address) each trial
@@ -253,13 +275,15 @@ def main() -> None:
                         cluster = (head, node)
                         wait_for_cpus(client, 2 * CPUS_PER_NODE)
                     try:
-                        trials.append(measure(client, Path(state), kind, args.at_step, cluster))
+                        got = measure(client, Path(state), kind, args.at_step, cluster, in_place)
                     finally:
                         if cluster is not None:
                             cluster[1].kill()
-                    print(json.dumps(trials[-1]), flush=True)
-                if args.trials > 1:
-                    print(json.dumps(summary(kind, trials)), flush=True)
+                    trials[in_place].append(got)
+                    print(json.dumps(got), flush=True)
+                for mode in modes:
+                    if args.trials > 1:
+                        print(json.dumps(summary(kind, trials[mode])), flush=True)
 
 
 def wait_for_cpus(client: Client, cpus: float) -> None:

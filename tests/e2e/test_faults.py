@@ -122,6 +122,9 @@ def test_each_fault_kind_recovers_with_every_step_once(
     assert rec["injected"] == f"{kind} on rank 1"
     assert 1 in rec["ranks"] and len(rec["nodes"]) == 1
     assert rec["restored_step"] >= 4 and rec["mttr_s"] > 0
+    # In place: rank 1 replaced (a raise too: rank 0 waits in its collective until rank
+    # 1's process is gone), rank 0 kept its process.
+    assert (rec["in_place"], rec["replaced"]) == (True, [1]), rec
     if kind == "hang":
         assert rec["ranks"] == [1] and rec["rank_steps"]["1"] < rec["rank_steps"]["0"]
         assert rec["mttr_s"] >= 8  # counted from when rank 1 stopped, not when noticed
@@ -152,6 +155,7 @@ def test_a_nonfinite_loss_rolls_back_skips_its_batch_and_succeeds(
     rec = next(e["data"] for e in events if (e["data"] or {}).get("kind") == "recovery")
     assert rec["skipped"] == {"step": step, "batch": step}
     assert rec["restored_step"] == restore["step"] < step
+    assert (rec["in_place"], rec["replaced"]) == (True, []), rec  # every rank kept its process
     # A rollback restarts the workers but spends none of the failure budget.
     assert (done["restarts"], done["failures"]) == (1, 0)
     assert done["steps_lost"] == rec["steps_lost"]

@@ -75,6 +75,12 @@ def assert_trained_like(c: Client, job_id: str, reference: list[dict[str, Any]])
     return [e["message"] for e in c.events(job_id, after=0)]
 
 
+def process_ids(c: Client, job_id: str, rank: int) -> list[int]:
+    """The process each world of the job trained `rank` in, from the rank's log."""
+    said = c.logs(job_id, rank=rank, tail=1000, contains=f"rank {rank} trains in process")
+    return [int(line.rsplit(" ", 1)[-1]) for line in said]
+
+
 def test_worker_killed_recovers_from_the_newest_checkpoint(
     service: ServiceFactory, reference: list[dict[str, Any]]
 ) -> None:
@@ -87,8 +93,12 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
         assert (done["restarts"], done["failures"]) == (1, 1)
         events = assert_trained_like(c, job["id"], reference)
         resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=CHECKPOINT_EVERY)
+        # In place: rank 1 on a new process, rank 0 in the one it trained in before.
+        assert len(process_ids(c, job["id"], 0)) == 2
+        assert len(set(process_ids(c, job["id"], 0))) == 1, "rank 0 was restarted"
+        assert len(set(process_ids(c, job["id"], 1))) == 2, "rank 1 was not replaced"
     assert any("rank 1: its actor died" in e for e in events), events
-    assert "workers restarted on warm spares" in events, events  # torch already imported
+    assert "workers restarted in place on warm spares" in events, events  # torch imported
     restored = [e for e in events if e.startswith("restored checkpoint step")]
     assert len(restored) == 1, events
     step = int(restored[0].split()[3])

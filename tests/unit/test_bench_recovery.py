@@ -10,6 +10,7 @@ from bench.recovery import percentile, summary
 
 def trial(mttr: float | None, lost: int = 2, done: bool = True) -> dict[str, Any]:
     return {
+        "restart": "in place",
         "state": "SUCCEEDED" if done else "FAILED",
         "mttr_s": mttr,
         # Noticing the failure and taking the old ranks down: 0.4 s more.
@@ -30,7 +31,9 @@ def test_the_summary_counts_every_trial() -> None:
     got = summary("kill", [trial(1.2), trial(3.4, lost=4), trial(None, done=False)])
     assert got == {
         "fault": "kill",
+        "restart": "in place",
         "trials": 3,
+        "measured": 2,
         "succeeded": 2,
         "every_step_once": False,
         "mttr_p50_s": 1.2,

@@ -272,6 +272,10 @@ class FaultToleranceSpec(_Strict):
     # restart takes seconds less; they hold host memory, counted when the job is admitted.
     # Only for CPU ranks, and only where the job may restart (max_failures > 0).
     warm_spares: bool = True
+    # A rank lost (killed, hung, raised) is replaced alone: the others keep their processes
+    # (torch, the engine and the device loaded), join a new world and restore the newest
+    # checkpoint. Off: every failure restarts every rank.
+    recover_in_place: bool = True
 
 
 class ResourcesSpec(_Strict):

@@ -5,6 +5,7 @@ starting processes. Only where ranks need no GPU (a spare has none)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,18 +45,24 @@ class WarmSpares:
     def make(self, make_actors: Callable[[], list[Any]], key: tuple[Any, ...]) -> None:
         self.actors, self.made_for = make_actors(), key
 
-    def take(self, key: tuple[Any, ...], job_id: str) -> tuple[list[Any], bool]:
-        """(the spares, whether any were thrown away): the spares if they were made for
-        `key` and all answer; else none, and those there were are killed."""
+    def take(
+        self, key: tuple[Any, ...], job_id: str, ranks: list[int] | None = None
+    ) -> tuple[list[Any], bool]:
+        """(the spares of `ranks` (default: all), whether any were thrown away): those
+        spares if they were made for `key` and all answer; else none. The others are
+        killed."""
         spares, made_for = self.actors, self.made_for
         self.actors, self.made_for = [], None
         if not spares:
             return [], False
-        if made_for == key:
+        wanted = list(range(len(spares))) if ranks is None else ranks
+        taken = [spares[r] for r in wanted if r < len(spares)]
+        if made_for == key and len(taken) == len(wanted):
             try:
                 # Raised back to normal priority (they started below the training ranks).
-                ray.get([a.foreground.remote() for a in spares], timeout=SPARE_CHECK_S)
-                return spares, False
+                ray.get([a.foreground.remote() for a in taken], timeout=SPARE_CHECK_S)
+                kill_actors([a for r, a in enumerate(spares) if r not in wanted])
+                return taken, len(taken) < len(spares)
             except Exception as err:  # a spare died with its node, or is too slow
                 log.info("job %s: warm spares unusable (%s)", job_id, err)
         kill_actors(spares)
@@ -71,3 +78,27 @@ class WarmSpares:
 def kill_actors(actors: list[Any]) -> None:
     for a in actors:
         ray.kill(a, no_restart=True)
+
+
+def kill_and_confirm(actors: list[Any], timeout_s: float, job_id: str) -> None:
+    """Kill `actors` and wait (up to `timeout_s`) until Ray reports each one dead."""
+    kill_actors(actors)
+    deadline = time.monotonic() + timeout_s
+    alive = list(actors)
+    while alive and time.monotonic() < deadline:
+        alive = [a for a in alive if _answers(a, deadline - time.monotonic())]
+        if alive:
+            time.sleep(0.1)
+    if alive:
+        log.warning("job %s: %d killed rank(s) not yet seen dead", job_id, len(alive))
+
+
+def _answers(actor: Any, timeout_s: float) -> bool:
+    """Whether `actor` still answers (or cannot be judged within `timeout_s`)."""
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=max(timeout_s, 0.1))
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return True

@@ -6,8 +6,10 @@ thread so `poll()` and `stop()` are served immediately even mid-step.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import os
 import threading
 import time
 import traceback
@@ -26,34 +28,11 @@ from workers.contract.status import (
 )
 from workers.runtime import priority
 from workers.runtime.faults import ArmedFaults
+from workers.runtime.job_errors import is_deterministic
 from workers.runtime.profiling import StepProfiler
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
-
-
-# Errors a rank raises while building its training (model, data, tokenizer) because of
-# what the job asked for: they would happen again on every retry.
-JOB_ERRORS = (
-    ValueError,
-    TypeError,
-    KeyError,
-    FileNotFoundError,
-    IsADirectoryError,
-    PermissionError,
-    UnicodeDecodeError,
-    NotImplementedError,
-)
-
-
-def is_deterministic(err: BaseException, *, while_building: bool) -> bool:
-    """Whether `err` is the job's own (retrying cannot help) rather than infrastructure's
-    (a dead peer, a lost node, a collective timeout)."""
-    import torch.distributed as dist
-
-    if isinstance(err, dist.DistError):
-        return False
-    return while_building and isinstance(err, JOB_ERRORS)
 
 
 class TrainingWorker:
@@ -99,6 +78,7 @@ class TrainingWorker:
         self._profiler = StepProfiler(rank)
         self._profiles_dir = layout.profiles_dir
         self._trainer: Any = None
+        self._saves: list[threading.Thread] = []  # a failed world's, still being written
         self._thread: threading.Thread | None = None
         import torch
 
@@ -135,12 +115,39 @@ class TrainingWorker:
         )
         self._thread.start()
 
+    def settle(self, timeout_s: float) -> None:
+        """Recovery in place, on a rank that survived: wait (up to `timeout_s`) until its
+        training thread has left the failed world and its saves in flight have ended.
+        Raises where they have not: a collective of that world still holds them."""
+        deadline = time.monotonic() + timeout_s
+        for thread in [self._thread, *self._saves]:
+            if thread is not None:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    raise RuntimeError(f"rank {self.rank} is still in the failed world")
+        self._saves = []
+
+    def rejoin(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
+        """Recovery in place: join the new world in this process (torch, the engine and the
+        device already loaded) and train again from the newest checkpoint; returns at once."""
+        self.settle(0.0)  # nothing of the failed world may run beside the new one
+        if self._trainer is not None:  # its world ended without a failure here
+            self._leave_failed_world()
+        with self._lock:
+            self._error, self._deterministic = None, False
+            self._nonfinite, self._summary = None, None
+        self._stop.clear()
+        self._save_on_stop = False
+        self._faults = ArmedFaults()  # a fault injected into the failed world is spent
+        self._thread = None
+        self.start(master_addr, master_port, join_timeout_s)
+
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
         from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
         from workers.engine.nonfinite import NonFiniteLoss
         from workers.engine.trainer import Trainer
 
-        building = True
+        building, trainer = True, None
         try:
             device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
             init_world(
@@ -152,6 +159,7 @@ class TrainingWorker:
                 timeout_s=join_timeout_s,
                 own_addr=_node_address(),
             )
+            log.info("rank %d trains in process %d", self.rank, os.getpid())
             trainer = Trainer(
                 self.spec,
                 world_size=self.world_size,
@@ -189,6 +197,17 @@ class TrainingWorker:
                     self._nonfinite = NonFiniteStep(err.step, err.batch, err.loss)
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
+            trainer = None  # this frame holds it too
+            self._leave_failed_world()
+
+    def _leave_failed_world(self) -> None:
+        """Drop the failed world's model and optimizer (a recovery in place builds new
+        ones in this process); saves still in flight are kept, for settle() to wait for."""
+        if self._trainer is not None:
+            self._saves = self._trainer.checkpoints.in_flight()
+        self._trainer = None
+        gc.collect()  # FSDP's modules and hooks hold one another in cycles
+        _empty_device_cache()
 
     def _should_stop(self, step: int) -> bool:
         return self._stop.is_set()
@@ -264,6 +283,14 @@ def _log_to_file(path: Path) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     return handler
+
+
+def _empty_device_cache() -> None:
+    """Give the failed world's freed GPU memory back before the new world allocates."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _node_address() -> str:

@@ -19,10 +19,7 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.contract.demand import bundle_resources, warm_spares_wanted
 from workers.contract.spec import JobSpec
@@ -30,18 +27,20 @@ from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.placement.node_health import alive_nodes, free_outside
-from workers.runtime.spares import WarmSpares, kill_actors
-from workers.runtime.supervisor.workers import NodeLost
+from workers.runtime.snapshot_cleanup import remove_snapshots_on
+from workers.runtime.spares import WarmSpares, kill_and_confirm
+from workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
 from workers.storage.layout import CheckpointLocations, JobLayout
-from workers.storage.snapshots import remove_snapshot_dir
 
 log = logging.getLogger(__name__)
 
 # Ray labels every node with its id; a placement group can be kept off some nodes by it.
 NODE_ID_LABEL = "ray.io/node-id"
-CLEANUP_TIMEOUT_S = 30.0
 # How long a restart waits for Ray to confirm the old ranks are dead.
 KILL_CONFIRM_S = 10.0
+# How long a recovery in place waits for the surviving ranks to leave the failed world (a
+# collective fails within a second of its peer's death; a hung peer is killed first).
+SETTLE_S = 5.0
 
 
 class WorkerGroup:
@@ -53,8 +52,7 @@ class WorkerGroup:
         *,
         worker_actor: Any,
     ) -> None:
-        self.job_id = layout.job_id
-        self.spec = spec
+        self.job_id, self.spec = layout.job_id, spec
         self.layout = layout
         self.locations = locations
         self.worker_actor = worker_actor  # the Ray actor class of one rank
@@ -143,19 +141,55 @@ class WorkerGroup:
     def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         """One actor per rank; all join the world and start training."""
         assert self.pg is not None, "reserve() first"
-        locations = self._locations()
+        self.actors = self._fresh_actors(self._locations(), None)
+        self._join(join_timeout_s, cancelled, rejoining=set())
+
+    def restart_in_place(
+        self, lost: list[int], join_timeout_s: float, cancelled: Callable[[], bool]
+    ) -> None:
+        """Replace only the `lost` ranks (by warm spares where ready); the others join the
+        new world in their own processes. InPlaceRefused where they cannot: the caller
+        then restarts every rank."""
+        survivors = [r for r in range(len(self.actors)) if r not in lost]
+        if self.pg is None or len(self.actors) != self.world_size or not survivors:
+            raise InPlaceRefused("the job's ranks were already taken down")
+        settling = [self.actors[r].settle.remote(SETTLE_S) for r in survivors]
+        kill_and_confirm([self.actors[r] for r in lost], KILL_CONFIRM_S, self.job_id)
+        for rank, actor in zip(lost, self._fresh_actors(self._locations(), lost), strict=True):
+            self.actors[rank] = actor
+        try:
+            ray.get(settling, timeout=SETTLE_S + KILL_CONFIRM_S)
+        except Exception as err:  # still in a collective of the failed world, or gone
+            cause = getattr(err, "cause", None) or err
+            msg = f"a surviving rank could not leave the failed world: {cause}"
+            raise InPlaceRefused(msg) from None
+        self._join(join_timeout_s, cancelled, rejoining=set(survivors))
+
+    def _fresh_actors(self, locations: CheckpointLocations, ranks: list[int] | None) -> list[Any]:
+        """New actors for `ranks` (default: all): warm spares where ready, else new."""
+        self.warm_start = False  # said in the supervisor's event
+        if ranks == []:  # every rank goes on in its process: the spares wait for a later use
+            return []
         self.attempt += 1
-        spares, thrown = self.spares.take(self._spare_key(locations), self.job_id)
+        spares, thrown = self.spares.take(self._spare_key(locations), self.job_id, ranks)
         if thrown:
-            self.attempt += 1
-        self.actors = spares or self._make_actors(self.attempt, locations, spare=False)
-        self.warm_start = bool(spares)  # said in the supervisor's event
+            self.attempt += 1  # the thrown spares' names may not be free yet
+        self.warm_start = bool(spares)
         self.spares.attempt_started()
+        return spares or self._make_actors(self.attempt, locations, spare=False, ranks=ranks)
+
+    def _join(
+        self, join_timeout_s: float, cancelled: Callable[[], bool], rejoining: set[int]
+    ) -> None:
+        """Form the world and train; the ranks in `rejoining` in their old processes."""
         deadline, lost = time.monotonic() + join_timeout_s, self.lost_a_node
         try:
             refs = [self.actors[0].rendezvous_address.remote()]
             ((addr, port),) = wait_for_start(refs, deadline, cancelled, lost)
-            refs = [a.start.remote(addr, port, join_timeout_s) for a in self.actors]
+            refs = [
+                (a.rejoin if rank in rejoining else a.start).remote(addr, port, join_timeout_s)
+                for rank, a in enumerate(self.actors)
+            ]
             wait_for_start(refs, deadline, cancelled, lost)
         except NodeLost:
             dead = sorted(set(self.node_of_rank) - alive_nodes())
@@ -165,9 +199,14 @@ class WorkerGroup:
         log.info("job %s: %d workers started at %s:%d", self.job_id, len(self.actors), addr, port)
 
     def _make_actors(
-        self, attempt: int, locations: CheckpointLocations, *, spare: bool
+        self,
+        attempt: int,
+        locations: CheckpointLocations,
+        *,
+        spare: bool,
+        ranks: list[int] | None = None,
     ) -> list[Any]:
-        """One actor per rank in its bundle; a spare reserves none of the bundle."""
+        """An actor per rank of `ranks` (default: all) in its bundle (a spare reserves none)."""
         assert self.pg is not None, "reserve() first"
         res = bundle_resources(self.spec)
         spec_json = self.spec.model_dump_json()
@@ -182,6 +221,7 @@ class WorkerGroup:
                 ),
             ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"], spare)
             for rank, bundle in enumerate(self.bundle_of_rank)
+            if ranks is None or rank in ranks
         ]
 
     def _spare_key(self, locations: CheckpointLocations) -> tuple[Any, ...]:
@@ -245,15 +285,7 @@ class WorkerGroup:
         """Kill every rank and wait (bounded) until Ray reports each one dead: a rank that
         was only stopped or wedged must not wake beside the next attempt's workers and go
         on logging metrics and writing checkpoints."""
-        kill_actors(self.actors)
-        deadline = time.monotonic() + KILL_CONFIRM_S
-        alive = list(self.actors)
-        while alive and time.monotonic() < deadline:
-            alive = [a for a in alive if _answers(a, deadline - time.monotonic())]
-            if alive:
-                time.sleep(0.1)
-        if alive:
-            log.warning("job %s: %d killed rank(s) not yet seen dead", self.job_id, len(alive))
+        kill_and_confirm(self.actors, KILL_CONFIRM_S, self.job_id)
         self.actors = []
 
     def release(self) -> None:
@@ -264,32 +296,5 @@ class WorkerGroup:
 
     def remove_snapshots(self) -> None:
         """Delete the job's in-memory snapshots on every node that may hold them."""
-        alive = alive_nodes()
-        remove = ray.remote(num_cpus=0)(_remove_snapshots_here)
-        refs = [
-            remove.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            ).remote(self.layout)
-            for node in self._snapshot_nodes & alive
-        ]
-        try:
-            ray.get(refs, timeout=CLEANUP_TIMEOUT_S)
-        except Exception as err:  # never let cleanup keep a job from ending
-            log.warning("job %s: removing snapshots failed: %s", self.job_id, err)
+        remove_snapshots_on(self._snapshot_nodes, self.layout)
         self._snapshot_nodes.clear()
-
-
-def _remove_snapshots_here(layout: JobLayout) -> bool:
-    """On one node: remove the job's snapshots there (its snapshot folder is that node's)."""
-    return remove_snapshot_dir(layout.snapshot_dir)
-
-
-def _answers(actor: Any, timeout_s: float) -> bool:
-    """Whether `actor` still answers (or cannot be judged within `timeout_s`)."""
-    try:
-        ray.get(actor.__ray_ready__.remote(), timeout=max(timeout_s, 0.1))
-    except ray.exceptions.RayActorError:
-        return False
-    except ray.exceptions.GetTimeoutError:
-        return True
-    return True

@@ -12,6 +12,7 @@ only with its node. A restore takes the newest checkpoint of either tier that ve
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +164,10 @@ class CheckpointManager:
 
     def _small(self, step: int) -> dict[str, Any]:
         return {"step": step, **{name: part.state_dict() for name, part in self.small.items()}}
+
+    def in_flight(self) -> list[threading.Thread]:
+        """The saves being written in the background (to wait for without the manager)."""
+        return [t for tier in (self.storage, self.memory) if tier for t in tier.in_flight()]
 
     def wait(self) -> None:
         """Until every save in flight has committed or failed."""

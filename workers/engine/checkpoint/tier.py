@@ -130,6 +130,10 @@ class CheckpointTier:
         self._pending.start()
         return blocking
 
+    def in_flight(self) -> list[threading.Thread]:
+        """The save being written in the background, if one is."""
+        return [self._pending] if self._pending is not None and self._pending.is_alive() else []
+
     def wait(self) -> None:
         """Until the save in flight (if any) has committed or failed."""
         if self._pending is not None:

@@ -31,13 +31,16 @@ class NodeHealth:
 
     def leave_out(
         self, workers: object, ranks: list[int], on_event: Callable[[Event], Any]
-    ) -> None:
+    ) -> list[str]:
         """Count a failure on the nodes of `ranks` (those that hung or died); a node at
-        its second is left out of the job's next placement, said through `on_event`."""
+        its second is left out of the job's next placement, said through `on_event`.
+        Returns the nodes left out now (the placement is then made again)."""
         if not ranks or not isinstance(workers, PlacedWorkers):
-            return
+            return []
+        left_out = []
         for node in self.record(workers.node_of(ranks)):
             if workers.exclude_nodes({node}):
+                left_out.append(node)
                 on_event(
                     Event(
                         EventKind.NODE,
@@ -54,6 +57,7 @@ class NodeHealth:
                         {"node": node},
                     )
                 )
+        return left_out
 
 
 @runtime_checkable

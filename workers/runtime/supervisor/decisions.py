@@ -95,6 +95,22 @@ class FailurePolicy:
         return min(self.base_backoff_s * 2 ** (self._streak - 1), self.max_backoff_s)
 
 
+def why_not_in_place(
+    *, wanted: bool, able: bool, lost: list[int], world_size: int, node_suspect: bool
+) -> str | None:
+    """Why a failure restarts every rank instead of replacing only the `lost` ones while
+    the others keep their processes; None: in place."""
+    if not wanted:
+        return "fault_tolerance.recover_in_place is off"
+    if not able:
+        return "this worker group cannot replace ranks one by one"
+    if node_suspect:
+        return "a node of the job may be lost, so every rank is placed again"
+    if len(set(lost)) >= world_size:
+        return "every rank was lost"
+    return None
+
+
 @dataclass(frozen=True)
 class SkipDecision:
     skip: bool

@@ -10,11 +10,16 @@ from workers.contract.events import Event, EventKind
 from workers.contract.lifecycle import JobState
 from workers.contract.spec import JobSpec
 from workers.runtime.placement.node_health import NodeHealth, PlacedWorkers
-from workers.runtime.supervisor.decisions import FailurePolicy, Next, NonFinitePolicy
+from workers.runtime.supervisor.decisions import (
+    FailurePolicy,
+    Next,
+    NonFinitePolicy,
+    why_not_in_place,
+)
 from workers.runtime.supervisor.recovery import Recoveries
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus
-from workers.runtime.supervisor.workers import Workers
+from workers.runtime.supervisor.workers import InPlaceWorkers, Workers
 from workers.storage.layout import JobLayout
 
 
@@ -30,6 +35,7 @@ class FailureHandling:
         ft = spec.fault_tolerance
         self.policy = FailurePolicy(ft.max_failures)
         self.nonfinite = NonFinitePolicy(ft.max_nonfinite_skips)
+        self.wanted_in_place = ft.recover_in_place
         self.layout = layout
         self.workers = workers
         self.relay = relay
@@ -41,16 +47,21 @@ class FailureHandling:
     def failed(self, group: GroupStatus) -> Next:
         """A real failure: it spends the failure budget; retried after a backoff (that a
         cancel or a pause cuts short), or the job fails."""
-        self.health.leave_out(self.workers, group.lost, self.relay.event)
+        moved = self.health.leave_out(self.workers, group.lost, self.relay.event)
+        node_suspect = self._node_suspect(group)
+        why_not = (
+            f"node(s) {moved} left out of the placement"
+            if moved
+            else self._why_not_in_place(group.to_replace(), len(group.statuses), node_suspect)
+        )
         # Counted once the ranks are down: an error taking them down is handled as this
-        # same failure (the step runs again), not counted as a second one.
-        self.workers.kill_workers()
+        # same failure (the step runs again), not counted as a second one. In place, the
+        # restart kills the lost ranks only.
+        if why_not is not None:
+            self.workers.kill_workers()
         self.failures += 1
         decision = self.policy.decide(
-            self.failures,
-            group.error,
-            deterministic=group.deterministic,
-            node_suspect=self._node_suspect(group),
+            self.failures, group.error, deterministic=group.deterministic, node_suspect=node_suspect
         )
         # The event carries the job's count: the reconciler stores it with the event, so
         # it counts even where the state it leads to is not taken (a cancel won) or not
@@ -66,6 +77,7 @@ class FailureHandling:
             group.error, group.ranks, self.relay.front_step, group.stalled_s
         )
         recovery.rank_steps = group.rank_steps
+        recovery.plan_in_place(why_not, group.to_replace())
         if not decision.retry:
             self.workers.release()
             return Next(JobState.FAILED, decision.reason)
@@ -73,6 +85,17 @@ class FailureHandling:
         # are not sent twice).
         self.wake.wait(decision.backoff_s)
         return Next(JobState.RESTARTING, decision.reason)
+
+    def _why_not_in_place(self, lost: list[int], world_size: int, node_suspect: bool) -> str | None:
+        """Why every rank restarts rather than only the `lost` ones (None: in place)."""
+        able = isinstance(self.workers, InPlaceWorkers)
+        return why_not_in_place(
+            wanted=self.wanted_in_place,
+            able=able,
+            lost=lost,
+            world_size=world_size,
+            node_suspect=node_suspect,
+        )
 
     def _node_suspect(self, group: GroupStatus) -> bool:
         """Whether a node of the job may be lost: a rank died or stopped answering and no
@@ -102,7 +125,10 @@ class FailureHandling:
                 {"step": bad.step, "batch": bad.batch, "skipped": decision.skip},
             )
         )
-        self.workers.kill_workers()
+        # Every rank answered: none is lost, all may go on in their processes.
+        why_not = self._why_not_in_place([], len(group.statuses), node_suspect=False)
+        if why_not is not None:
+            self.workers.kill_workers()
         if not decision.skip:
             self.workers.release()
             return Next(JobState.FAILED, decision.reason)
@@ -110,4 +136,5 @@ class FailureHandling:
             f"a non-finite loss at step {bad.step}", group.ranks, self.relay.front_step
         )
         recovery.skipped = {"step": bad.step, "batch": bad.batch}
+        recovery.plan_in_place(why_not, [])
         return Next(JobState.RESTARTING, decision.reason)

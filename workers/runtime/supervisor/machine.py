@@ -27,6 +27,7 @@ from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
 from workers.runtime.supervisor.workers import (
+    InPlaceWorkers,
     NodeLost,
     StartCancelled,
     Workers,
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 # Between looks at the workers: how soon a step, an exit or a failure is seen. A poll is a
 # lock-guarded read on each worker's actor thread, nothing on its training thread.
 POLL_INTERVAL_S = 0.25
+# In a recovery's first seconds (a poll per rank, read under a lock, 20 times a second).
+RECOVERY_POLL_S = 0.05
+RECOVERY_POLL_FOR_S = 30.0
 POLL_TIMEOUT_S = 30.0
 JOIN_TIMEOUT_S = 300.0
 STOP_GRACE_S = 5.0
@@ -81,6 +85,7 @@ class JobSupervisor(ControlPlaneCalls):
             self.recoveries.current = Recovery(
                 time.monotonic(), recorded_step, "the supervisor was lost"
             )
+            self.recoveries.current.plan_in_place("the workers went with the supervisor", [])
         self.running = self.spec  # the layout running now: another after an elastic re-plan
         self.grow = GrowBack(self.spec)
         self.preemptions = Preemptions(workers, self.relay, self.recoveries)
@@ -100,8 +105,17 @@ class JobSupervisor(ControlPlaneCalls):
             if nxt.state != self.state:
                 self._enter(nxt)
             if self.state not in STOPPED:
-                time.sleep(POLL_INTERVAL_S)
+                time.sleep(self._interval_s())
         return self.state
+
+    def _interval_s(self) -> float:
+        """Until the next step: none before a (re)start, less in the first seconds of a
+        recovery (its MTTR ends when a poll sees the first new step)."""
+        if self.state in (JobState.STARTING, JobState.RESTARTING):
+            return 0.0
+        rec = self.recoveries.current
+        quick = rec is not None and time.monotonic() - rec.failed_at < RECOVERY_POLL_FOR_S
+        return RECOVERY_POLL_S if quick else POLL_INTERVAL_S
 
     def step(self) -> Next:
         """Take one step from the current state; returns the next state."""
@@ -142,6 +156,21 @@ class JobSupervisor(ControlPlaneCalls):
 
     def _launch(self, verb: str) -> Next:
         self.relay.replay()
+        recovery = self.recoveries.current
+        if recovery is not None and recovery.in_place:
+            try:
+                assert isinstance(self.workers, InPlaceWorkers)
+                self.workers.restart_in_place(
+                    recovery.replaced, JOIN_TIMEOUT_S, cancelled=self._cancel.is_set
+                )
+                return self._started("restarted in place", self.running.parallel.world_size)
+            except StartCancelled:
+                self.workers.release()
+                return Next(JobState.CANCELLING, "cancel requested while the workers started")
+            except Exception as err:  # every rank restarts instead; the recovery says why
+                log.warning("job %s: recovery in place failed: %s", self.job_id, err)
+                recovery.in_place_failed(str(err))
+                self.workers.kill_workers()
         placed = reserve_placement(
             self.workers,
             self.running,
@@ -163,7 +192,9 @@ class JobSupervisor(ControlPlaneCalls):
             said = f"{lost}: placing the job again"
             self.relay.event(Event(EventKind.NODE, said, {"nodes": lost.nodes}))
             return Next(self.state, str(lost))
-        world_size = len(placed[0])
+        return self._started(verb, len(placed[0]))
+
+    def _started(self, verb: str, world_size: int) -> Next:
         self.relay.started(verb, world_size, self.workers.warm_start)
         return Next(JobState.RUNNING, f"{world_size} workers {verb}")
 

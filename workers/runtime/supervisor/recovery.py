@@ -27,6 +27,18 @@ class Recovery:
     injected: str | None = None  # the fault an admin injected, if one did
     restored_step: int = 0  # the snapshot the new workers started from (0: none)
     restored_tier: str | None = None  # where it came from: "memory" or "storage"
+    in_place: bool = False  # only `replaced` restarted; the other ranks kept their processes
+    replaced: list[int] = field(default_factory=list)
+    why_not_in_place: str | None = None  # why every rank restarted instead
+
+    def plan_in_place(self, why_not: str | None, lost: list[int]) -> None:
+        """Replace only `lost`, or (`why_not` says why) restart every rank."""
+        self.in_place, self.why_not_in_place = why_not is None, why_not
+        self.replaced = sorted(lost) if why_not is None else []
+
+    def in_place_failed(self, why: str) -> None:
+        """The recovery in place could not go on: every rank restarts instead."""
+        self.plan_in_place(f"tried in place, but {why}", [])
 
     def closing_event(self, step_time_s: float | None) -> Event:
         """The event once a rank trains past `restored_step` (the reconciler adds its
@@ -41,10 +53,15 @@ class Recovery:
             if self.skipped
             else ""
         )
+        how = (
+            f"in place (rank(s) {self.replaced} replaced, the others kept their processes)"
+            if self.in_place
+            else f"restarting every rank ({self.why_not_in_place or 'a full restart'})"
+        )
         message = (
             f"recovered in {seconds:.1f}s from {self.cause or 'a failure'}{where}: failed near "
             f"step {self.front_step}, resumed after step {self.restored_step}, {lost} step(s) "
-            f"trained again{skipped}"
+            f"trained again{skipped}; {how}"
         )
         data: dict[str, Any] = {
             "cause": self.cause,
@@ -55,6 +72,9 @@ class Recovery:
             "injected": self.injected,
             "restored_step": self.restored_step,
             "restored_tier": self.restored_tier,
+            "in_place": self.in_place,
+            "replaced": self.replaced,
+            "why_not_in_place": self.why_not_in_place,
             "front_step": self.front_step,
             "mttr_s": seconds,
             "steps_lost": lost,

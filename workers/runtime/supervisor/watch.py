@@ -31,6 +31,17 @@ class GroupStatus:
     rank_steps: dict[int, int] | None = None  # a hang: the step each rank had reached
     stalled_s: float = 0.0  # a hang: how long the longest-stalled rank made no progress
 
+    def to_replace(self) -> list[int]:
+        """The ranks a recovery in place replaces: the lost ones and, while some rank
+        still trains (it waits in a collective of the failed world), the failed ones too.
+        A failed rank's process keeps its gloo connections open (destroy_process_group()
+        and abort() do not close them, and torch's caches keep the groups' meshes), so its
+        peers wait for it until it is gone. Where every rank failed, none waits."""
+        failed = {s.rank for s in self.statuses if s.phase == WorkerPhase.FAILED}
+        if failed | set(self.lost) >= {s.rank for s in self.statuses}:
+            return sorted(self.lost)
+        return sorted(failed | set(self.lost))
+
 
 def judge(statuses: list[WorkerStatus], *, hang_timeout_s: float) -> GroupStatus:
     if not statuses:  # a group with no ranks cannot be training

@@ -4,7 +4,7 @@ production, a fake in unit tests) and where that group's checkpoints go."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from workers.contract.demand import snapshots_wanted
 from workers.contract.spec import JobSpec
@@ -32,6 +32,11 @@ class NodeLost(Exception):
         self.nodes = nodes
 
 
+class InPlaceRefused(RuntimeError):
+    """A recovery in place cannot go on (a surviving rank is still in the failed world's
+    collectives, the ranks were taken down): every rank is restarted instead."""
+
+
 class Workers(Protocol):
     def reserve(self, timeout_s: float) -> list[str]: ...
     # Waits for the world to join in short slices, raising StartCancelled once
@@ -47,6 +52,17 @@ class Workers(Protocol):
     # Whether the last start() ran on warm spares (said in the "workers started" event).
     @property
     def warm_start(self) -> bool: ...
+
+
+@runtime_checkable
+class InPlaceWorkers(Protocol):
+    """A worker group that can replace some ranks while the others keep their processes."""
+
+    # Kills the `lost` ranks, replaces them, and has every rank join a new world and train
+    # from the newest checkpoint; raises InPlaceRefused (or anything) where it cannot.
+    def restart_in_place(
+        self, lost: list[int], join_timeout_s: float, cancelled: Callable[[], bool]
+    ) -> None: ...
 
 
 # Makes a job's worker group (injected: the supervisor imports no actor).

@@ -1,0 +1,149 @@
+"""Recovery in place, through the `Workers` protocol with a fake group: a lost rank is
+replaced alone while the others keep their processes; every rank restarts where in place
+is off, impossible or fails, and the recovery event says which and why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_supervisor_recovery import (
+    PlacedScriptedWorkers,
+    events,
+    make,
+    nonfinite,
+    quick_polls,  # noqa: F401  (the fixture, autouse there, is used here too)
+    states,
+    status,
+    training,
+)
+from workers.contract.lifecycle import JobState
+from workers.contract.status import WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.workers import InPlaceRefused
+
+
+class InPlaceScriptedWorkers(PlacedScriptedWorkers):
+    """Also replaces ranks in place (playing the next script), or refuses with `refuse`."""
+
+    def __init__(
+        self, scripts: list[list[list[WorkerStatus]]], nodes: list[str], refuse: str = ""
+    ) -> None:
+        super().__init__(scripts, nodes)
+        self.refuse = refuse
+
+    def restart_in_place(
+        self, lost: list[int], join_timeout_s: float, cancelled: Callable[[], bool]
+    ) -> None:
+        self.calls.append(f"in place {lost}")
+        if self.refuse:
+            raise InPlaceRefused(self.refuse)
+        self.script = list(self.scripts.pop(0))
+
+
+def lost_rank() -> list[WorkerStatus]:
+    return [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, lost=True)]
+
+
+def one_raised() -> list[WorkerStatus]:
+    # Rank 0 still waits in the collective rank 1 left: rank 1's process must go too.
+    return [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 4, error="y")]
+
+
+def raised() -> list[WorkerStatus]:
+    return [
+        status(0, WorkerPhase.FAILED, 4, error="x"),
+        status(1, WorkerPhase.FAILED, 4, error="y"),
+    ]
+
+
+def done() -> list[WorkerStatus]:
+    return [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+
+
+def recovery(sup: Any) -> dict[str, Any]:
+    data: dict[str, Any] = next(e for e in events(sup) if e.message.startswith("recovered")).data
+    return data
+
+
+@pytest.mark.parametrize(
+    ("first", "replaced"),
+    [(lost_rank, [1]), (one_raised, [1]), (raised, [])],
+    ids=["killed", "raised-beside-a-waiting-peer", "all-raised"],
+)
+def test_a_failure_on_a_live_node_replaces_only_the_lost_ranks(
+    tmp_path: Path, first: Callable[[], list[WorkerStatus]], replaced: list[int]
+) -> None:
+    workers = InPlaceScriptedWorkers([[first()], [training(), done()]], ["node-a", "node-a"])
+    sup = make(tmp_path, workers, max_failures=1)
+    assert sup.run() == JobState.SUCCEEDED
+    # No kill of every rank, no new placement: the lost ones alone are replaced.
+    assert workers.calls == ["reserve", "start", f"in place {replaced}", "release"]
+    assert states(sup) == ["RUNNING", "RESTARTING", "RUNNING", "SUCCEEDED"]
+    rec = recovery(sup)
+    assert rec["in_place"] is True and rec["replaced"] == replaced, rec
+    assert rec["why_not_in_place"] is None
+    said = next(e for e in events(sup) if e.message.startswith("recovered")).message
+    assert f"in place (rank(s) {replaced} replaced" in said
+    assert any(e.message == "workers restarted in place" for e in events(sup))
+
+
+def test_a_nonfinite_loss_rolls_back_in_place(tmp_path: Path) -> None:
+    bad = [nonfinite(0, 6, 6), nonfinite(1, 6, 6)]
+    workers = InPlaceScriptedWorkers([[bad], [training(), done()]], ["node-a", "node-b"])
+    sup = make(tmp_path, workers, max_failures=0, max_nonfinite_skips=2)
+    assert sup.run() == JobState.SUCCEEDED
+    assert workers.calls == ["reserve", "start", "in place []", "release"]
+    assert recovery(sup)["in_place"] is True
+
+
+def test_a_refused_recovery_in_place_restarts_every_rank_and_says_why(tmp_path: Path) -> None:
+    workers = InPlaceScriptedWorkers(
+        [[lost_rank()], [training(), done()]],
+        ["node-a", "node-a"],
+        refuse="rank 0 is still in the failed world's collectives",
+    )
+    sup = make(tmp_path, workers, max_failures=1)
+    assert sup.run() == JobState.SUCCEEDED
+    assert workers.calls == [
+        "reserve",
+        "start",
+        "in place [1]",
+        "kill",
+        "reserve",
+        "start",
+        "release",
+    ]
+    rec = recovery(sup)
+    assert rec["in_place"] is False and rec["replaced"] == []
+    assert rec["why_not_in_place"] == (
+        "tried in place, but rank 0 is still in the failed world's collectives"
+    )
+    said = next(e for e in events(sup) if e.message.startswith("recovered")).message
+    assert "restarting every rank (tried in place, but rank 0 is still" in said
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ft", "why"),
+    [
+        (
+            ["node-a", "node-a"],
+            {"recover_in_place": False},
+            "fault_tolerance.recover_in_place is off",
+        ),
+        (["node-a", "node-b"], {}, "a node of the job may be lost"),
+    ],
+    ids=["turned-off", "node-suspect"],
+)
+def test_every_rank_restarts_where_in_place_is_off_or_a_node_may_be_lost(
+    tmp_path: Path, nodes: list[str], ft: dict[str, Any], why: str
+) -> None:
+    workers = InPlaceScriptedWorkers([[lost_rank()], [training(), done()]], nodes)
+    sup = make(tmp_path, workers, max_failures=1, **ft)
+    sup.handling.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
+    rec = recovery(sup)
+    assert rec["in_place"] is False and why in rec["why_not_in_place"], rec
