@@ -21,8 +21,11 @@ from tests.unit.test_supervisor_recovery import (
     training,
 )
 from workers.contract.lifecycle import JobState
+from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerPhase, WorkerStatus
+from workers.runtime.supervisor.machine import JobSupervisor
 from workers.runtime.supervisor.workers import InPlaceRefused
+from workers.storage.layout import JobLayout
 
 
 class InPlaceScriptedWorkers(PlacedScriptedWorkers):
@@ -147,3 +150,38 @@ def test_every_rank_restarts_where_in_place_is_off_or_a_node_may_be_lost(
     assert workers.calls == ["reserve", "start", "kill", "reserve", "start", "release"]
     rec = recovery(sup)
     assert rec["in_place"] is False and why in rec["why_not_in_place"], rec
+
+
+def test_a_gpu_job_restarts_every_rank(tmp_path: Path) -> None:
+    # An NCCL collective waits for a dead peer until its timeout: no survivor could settle.
+    workers = InPlaceScriptedWorkers([[lost_rank()], [training(), done()]], ["node-a", "node-a"])
+    body = {"name": "s", "parallel": {"dp": 2}, "resources": {"gpus_per_worker": 1}}
+    spec = JobSpec.model_validate({**body, "fault_tolerance": {"max_failures": 1}})
+    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
+    assert sup.run() == JobState.SUCCEEDED
+    assert "in place [1]" not in workers.calls
+    assert "NCCL" in recovery(sup)["why_not_in_place"]
+
+
+def test_a_failure_before_an_in_place_world_trained_restarts_every_rank(tmp_path: Path) -> None:
+    # The world made in place fails again before its first step: a crash loop that a new
+    # process might end, so the second recovery restarts every rank.
+    again = [status(0, WorkerPhase.JOINING, 0), status(1, WorkerPhase.FAILED, 0, lost=True)]
+    workers = InPlaceScriptedWorkers(
+        [[lost_rank()], [again], [training(), done()]], ["node-a", "node-a"]
+    )
+    sup = make(tmp_path, workers, max_failures=2)
+    sup.handling.policy.base_backoff_s = 0.0
+    assert sup.run() == JobState.SUCCEEDED
+    assert workers.calls == [
+        "reserve",
+        "start",
+        "in place [1]",
+        "kill",
+        "reserve",
+        "start",
+        "release",
+    ]
+    rec = recovery(sup)
+    assert rec["in_place"] is False
+    assert rec["why_not_in_place"] == "the last recovery in place trained no step"

@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from workers.contract.events import Event
@@ -30,6 +29,7 @@ from workers.runtime import priority
 from workers.runtime.faults import ArmedFaults
 from workers.runtime.job_errors import is_deterministic
 from workers.runtime.profiling import StepProfiler
+from workers.runtime.rank_process import empty_device_cache, log_to_file, node_address
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class TrainingWorker:
         # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
         # replays what never reached the database.
         self._metrics_file = layout.metrics_file if rank == 0 else None
-        self._log_handler = _log_to_file(layout.log_file(rank))
+        self._log_handler = log_to_file(layout.log_file(rank))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._save_on_stop = False
@@ -120,19 +120,22 @@ class TrainingWorker:
         training thread has left the failed world and its saves in flight have ended.
         Raises where they have not: a collective of that world still holds them."""
         deadline = time.monotonic() + timeout_s
-        for thread in [self._thread, *self._saves]:
-            if thread is not None:
-                thread.join(max(deadline - time.monotonic(), 0.0))
-                if thread.is_alive():
-                    raise RuntimeError(f"rank {self.rank} is still in the failed world")
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise RuntimeError(f"rank {self.rank} is still in the failed world")
+        for save in self._saves:  # listed by the thread as it ended: read only now
+            save.join(max(deadline - time.monotonic(), 0.0))
+            if save.is_alive():
+                raise RuntimeError(f"rank {self.rank} still saves for the failed world")
         self._saves = []
 
     def rejoin(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
         """Recovery in place: join the new world in this process (torch, the engine and the
         device already loaded) and train again from the newest checkpoint; returns at once."""
         self.settle(0.0)  # nothing of the failed world may run beside the new one
-        if self._trainer is not None:  # its world ended without a failure here
-            self._leave_failed_world()
+        self._leave_failed_world()  # again: its world may have ended without a failure here
+        self.settle(0.0)
         with self._lock:
             self._error, self._deterministic = None, False
             self._nonfinite, self._summary = None, None
@@ -147,7 +150,7 @@ class TrainingWorker:
         from workers.engine.nonfinite import NonFiniteLoss
         from workers.engine.trainer import Trainer
 
-        building, trainer = True, None
+        building, trainer, failed = True, None, False
         try:
             device = pick_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPUs
             init_world(
@@ -157,7 +160,7 @@ class TrainingWorker:
                 master_port=master_port,
                 device=device,
                 timeout_s=join_timeout_s,
-                own_addr=_node_address(),
+                own_addr=node_address(),
             )
             log.info("rank %d trains in process %d", self.rank, os.getpid())
             trainer = Trainer(
@@ -188,6 +191,7 @@ class TrainingWorker:
             self._profiler.abandon()  # stopped before a profile's last step: it is not kept
             leave_world()
         except BaseException as err:  # reported through poll(), never lost in a thread
+            failed = True
             self._profiler.abandon()
             abandon_world()
             with self._lock:
@@ -197,7 +201,8 @@ class TrainingWorker:
                     self._nonfinite = NonFiniteStep(err.step, err.batch, err.loss)
                 self._phase = WorkerPhase.FAILED
             log.error("rank %d failed:\n%s", self.rank, traceback.format_exc())
-            trainer = None  # this frame holds it too
+        if failed:  # out of the except block: the error's frames no longer hold the trainer
+            trainer = None
             self._leave_failed_world()
 
     def _leave_failed_world(self) -> None:
@@ -207,7 +212,7 @@ class TrainingWorker:
             self._saves = self._trainer.checkpoints.in_flight()
         self._trainer = None
         gc.collect()  # FSDP's modules and hooks hold one another in cycles
-        _empty_device_cache()
+        empty_device_cache()
 
     def _should_stop(self, step: int) -> bool:
         return self._stop.is_set()
@@ -273,28 +278,3 @@ class TrainingWorker:
         """Finish the current step, then stop (after a checkpoint if `save`)."""
         self._save_on_stop = save
         self._stop.set()
-
-
-def _log_to_file(path: Path) -> logging.Handler:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    return handler
-
-
-def _empty_device_cache() -> None:
-    """Give the failed world's freed GPU memory back before the new world allocates."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _node_address() -> str:
-    """The address Ray gave this actor's node: the rank's sockets listen there only."""
-    import ray
-
-    return str(ray.util.get_node_ip_address())

@@ -153,8 +153,8 @@ class WorkerGroup:
         survivors = [r for r in range(len(self.actors)) if r not in lost]
         if self.pg is None or len(self.actors) != self.world_size or not survivors:
             raise InPlaceRefused("the job's ranks were already taken down")
-        settling = [self.actors[r].settle.remote(SETTLE_S) for r in survivors]
         kill_and_confirm([self.actors[r] for r in lost], KILL_CONFIRM_S, self.job_id)
+        settling = [self.actors[r].settle.remote(SETTLE_S) for r in survivors]
         for rank, actor in zip(lost, self._fresh_actors(self._locations(), lost), strict=True):
             self.actors[rank] = actor
         try:

@@ -96,14 +96,26 @@ class FailurePolicy:
 
 
 def why_not_in_place(
-    *, wanted: bool, able: bool, lost: list[int], world_size: int, node_suspect: bool
+    *,
+    wanted: bool,
+    able: bool,
+    gpus: bool,
+    lost: list[int],
+    world_size: int,
+    node_suspect: bool,
+    looping: bool,
 ) -> str | None:
     """Why a failure restarts every rank instead of replacing only the `lost` ones while
-    the others keep their processes; None: in place."""
+    the others keep their processes; None: in place. `looping`: the previous recovery
+    went in place and its world trained no step."""
     if not wanted:
         return "fault_tolerance.recover_in_place is off"
     if not able:
         return "this worker group cannot replace ranks one by one"
+    if gpus:  # an NCCL collective waits for a dead peer until its timeout (minutes)
+        return "a GPU job's ranks cannot leave a failed NCCL world in time"
+    if looping:
+        return "the last recovery in place trained no step"
     if node_suspect:
         return "a node of the job may be lost, so every rank is placed again"
     if len(set(lost)) >= world_size:

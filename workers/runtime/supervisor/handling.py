@@ -36,6 +36,7 @@ class FailureHandling:
         self.policy = FailurePolicy(ft.max_failures)
         self.nonfinite = NonFinitePolicy(ft.max_nonfinite_skips)
         self.wanted_in_place = ft.recover_in_place
+        self.gpus = spec.resources.gpus_per_worker > 0
         self.layout = layout
         self.workers = workers
         self.relay = relay
@@ -88,13 +89,15 @@ class FailureHandling:
 
     def _why_not_in_place(self, lost: list[int], world_size: int, node_suspect: bool) -> str | None:
         """Why every rank restarts rather than only the `lost` ones (None: in place)."""
-        able = isinstance(self.workers, InPlaceWorkers)
+        last = self.recoveries.current  # still open: its world trained no step
         return why_not_in_place(
             wanted=self.wanted_in_place,
-            able=able,
+            able=isinstance(self.workers, InPlaceWorkers),
+            gpus=self.gpus,
             lost=lost,
             world_size=world_size,
             node_suspect=node_suspect,
+            looping=last is not None and last.in_place,
         )
 
     def _node_suspect(self, group: GroupStatus) -> bool:

@@ -167,6 +167,9 @@ class JobSupervisor(ControlPlaneCalls):
             except StartCancelled:
                 self.workers.release()
                 return Next(JobState.CANCELLING, "cancel requested while the workers started")
+            except NodeLost as lost:  # the ranks are down and the placement dropped
+                self.relay.event(Event(EventKind.NODE, str(lost), {"nodes": lost.nodes}))
+                recovery.in_place_failed(str(lost))
             except Exception as err:  # every rank restarts instead; the recovery says why
                 log.warning("job %s: recovery in place failed: %s", self.job_id, err)
                 recovery.in_place_failed(str(err))
