@@ -46,6 +46,18 @@ class InPlaceScriptedWorkers(PlacedScriptedWorkers):
         self.script = list(self.scripts.pop(0))
 
 
+# One try in place, then every rank killed and started again.
+IN_PLACE_THEN_EVERY_RANK = [
+    "reserve",
+    "start",
+    "in place [1]",
+    "kill",
+    "reserve",
+    "start",
+    "release",
+]
+
+
 def lost_rank() -> list[WorkerStatus]:
     return [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, lost=True)]
 
@@ -110,15 +122,7 @@ def test_a_refused_recovery_in_place_restarts_every_rank_and_says_why(tmp_path: 
     )
     sup = make(tmp_path, workers, max_failures=1)
     assert sup.run() == JobState.SUCCEEDED
-    assert workers.calls == [
-        "reserve",
-        "start",
-        "in place [1]",
-        "kill",
-        "reserve",
-        "start",
-        "release",
-    ]
+    assert workers.calls == IN_PLACE_THEN_EVERY_RANK
     rec = recovery(sup)
     assert rec["in_place"] is False and rec["replaced"] == []
     assert rec["why_not_in_place"] == (
@@ -173,15 +177,7 @@ def test_a_failure_before_an_in_place_world_trained_restarts_every_rank(tmp_path
     sup = make(tmp_path, workers, max_failures=2)
     sup.handling.policy.base_backoff_s = 0.0
     assert sup.run() == JobState.SUCCEEDED
-    assert workers.calls == [
-        "reserve",
-        "start",
-        "in place [1]",
-        "kill",
-        "reserve",
-        "start",
-        "release",
-    ]
+    assert workers.calls == IN_PLACE_THEN_EVERY_RANK
     rec = recovery(sup)
     assert rec["in_place"] is False
     assert rec["why_not_in_place"] == "the last recovery in place trained no step"
