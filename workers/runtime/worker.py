@@ -134,8 +134,8 @@ class TrainingWorker:
         """Recovery in place: join the new world in this process (torch, the engine and the
         device already loaded) and train again from the newest checkpoint; returns at once."""
         self.settle(0.0)  # nothing of the failed world may run beside the new one
-        self._leave_failed_world()  # again: its world may have ended without a failure here
-        self.settle(0.0)
+        if self._trainer is not None:  # its world ended here without a failure (and with
+            self._leave_failed_world()  # its saves waited for); a failed one is freed already
         with self._lock:
             self._error, self._deterministic = None, False
             self._nonfinite, self._summary = None, None

@@ -49,11 +49,11 @@ class FailureHandling:
         """A real failure: it spends the failure budget; retried after a backoff (that a
         cancel or a pause cuts short), or the job fails."""
         moved = self.health.leave_out(self.workers, group.lost, self.relay.event)
-        node_suspect = self._node_suspect(group)
+        node_suspect, replace = self._node_suspect(group), group.to_replace()
         why_not = (
             f"node(s) {moved} left out of the placement"
             if moved
-            else self._why_not_in_place(group.to_replace(), len(group.statuses), node_suspect)
+            else self._why_not_in_place(replace, len(group.statuses), node_suspect)
         )
         # Counted once the ranks are down: an error taking them down is handled as this
         # same failure (the step runs again), not counted as a second one. In place, the
@@ -78,7 +78,7 @@ class FailureHandling:
             group.error, group.ranks, self.relay.front_step, group.stalled_s
         )
         recovery.rank_steps = group.rank_steps
-        recovery.plan_in_place(why_not, group.to_replace())
+        recovery.plan_in_place(why_not, replace)
         if not decision.retry:
             self.workers.release()
             return Next(JobState.FAILED, decision.reason)
