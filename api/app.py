@@ -42,7 +42,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             yield
         finally:
             the_runtime.stop()
-            db.dispose()
+            await db.dispose_async()
 
     app = FastAPI(
         title="Shardline",

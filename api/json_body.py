@@ -17,19 +17,28 @@ import orjson
 from fastapi import Response
 
 from api.schemas import json_safe, utc
+from api.stored_json import StoredJson
 
 
 def json_body(value: Any, status_code: int = 200) -> Response:
     """`value` (dicts, lists, strings, numbers, None, datetimes) as a JSON response;
     naive datetimes are UTC, as every stored time is."""
     try:
-        body = orjson.dumps(value, option=orjson.OPT_NAIVE_UTC)
+        body = orjson.dumps(value, default=_embed, option=orjson.OPT_NAIVE_UTC)
     except orjson.JSONEncodeError:
-        body = json.dumps(json_safe(value), default=_isoformat, allow_nan=False).encode()
+        body = json.dumps(json_safe(value), default=_plain, allow_nan=False).encode()
     return Response(body, status_code=status_code, media_type="application/json")
 
 
-def _isoformat(value: Any) -> str:
+def _embed(value: Any) -> orjson.Fragment:
+    if isinstance(value, StoredJson):
+        return orjson.Fragment(value.text)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return utc(value).isoformat()  # type: ignore[union-attr]
+    if isinstance(value, StoredJson):
+        return value.value()  # clean: StoredJson.of decoded every text that was not
     raise TypeError(f"{type(value).__name__} is not JSON")

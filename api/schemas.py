@@ -9,6 +9,7 @@ from typing import Annotated, Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
+from api.stored_json import StoredJson
 from service.job_views import JobView
 from service.models import Checkpoint, Job, JobEvent
 from service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
@@ -112,7 +113,7 @@ class JobPublic(_Times):
         view = JobView.of(job) if isinstance(job, Job) else job
         fields = cls.fields(view)
         fields["latest_metrics"] = json_safe(fields["latest_metrics"])
-        fields["spec"] = json_safe(fields["spec"])
+        fields["spec"] = json_safe(view.spec)
         return cls(**fields)
 
     @staticmethod
@@ -129,7 +130,7 @@ class JobPublic(_Times):
             "started_at": job.started_at,
             "finished_at": job.finished_at,
             "step": job.current_step,
-            "steps": _steps(job.spec),
+            "steps": job.steps,
             "restarts": job.restarts,
             "failures": job.failures,
             "steps_lost": job.steps_lost,
@@ -140,7 +141,7 @@ class JobPublic(_Times):
             "latest_metrics": job.latest_metrics,
             "latest_checkpoint": job_relative(job.latest_checkpoint),
             "version": job.version,
-            "spec": job.spec,
+            "spec": StoredJson.of(job.spec_text),
         }
 
 
@@ -300,13 +301,6 @@ class JobPatch(BaseModel):
     @classmethod
     def _a_number(cls, value: Any) -> Any:
         return refuse_coercion({int}, value)
-
-
-def _steps(spec: Any) -> int:
-    try:
-        return int(spec.get("train", {}).get("steps", 0))
-    except (AttributeError, TypeError, ValueError, OverflowError):
-        return 0  # an unreadable stored spec: the job is listed, it just has no step count
 
 
 class FaultCreate(BaseModel):

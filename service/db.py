@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -40,9 +45,12 @@ DB_CONCURRENCY = 4
 # set pragmas on under its lock).
 POOL_SIZE = 10
 POOL_OVERFLOW = 10
+# Connections for reads awaited on the event loop: more readers than this wait for one
+# (without a thread) rather than open more PostgreSQL backends.
+ASYNC_POOL_SIZE = 8
 
 
-def _json_loads(text: str | bytes) -> Any:
+def load_stored_json(text: str | bytes) -> Any:
     """A stored JSON column's value: orjson decodes a job's spec several times faster than
     the stdlib, which every status read and listing paid for; rows written before specs
     and metrics refused non-finite floats hold `NaN`, which only the stdlib reads."""
@@ -65,20 +73,17 @@ def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
             max_overflow=POOL_OVERFLOW,
             pool_timeout=POOL_TIMEOUT_S,
             connect_args={"check_same_thread": False, "timeout": 30},
-            json_deserializer=_json_loads,
+            json_deserializer=load_stored_json,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    if statement_timeout_s is not None:
-        connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
     engine = create_engine(
         url,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
         pool_timeout=POOL_TIMEOUT_S,
-        connect_args=connect_args,
-        json_deserializer=_json_loads,
+        connect_args=_postgres_connect_args(statement_timeout_s),
+        json_deserializer=load_stored_json,
     )
     event.listen(engine.pool, "checkin", _stamp_checkin)
     event.listen(engine.pool, "checkout", _ping_if_idle)
@@ -91,6 +96,33 @@ def make_engine(url: str, statement_timeout_s: float | None = None) -> Engine:
 # read): if the server went away within that second, the statement fails as a disconnect,
 # SQLAlchemy drops every pooled connection, and that one request gets a 503.
 PING_IDLE_S = 1.0
+
+
+def _postgres_connect_args(statement_timeout_s: float | None) -> dict[str, Any]:
+    connect_args: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if statement_timeout_s is not None:
+        connect_args["options"] = f"-c statement_timeout={int(statement_timeout_s * 1000)}"
+    return connect_args
+
+
+def make_async_reads_engine(url: str, statement_timeout_s: float | None) -> AsyncEngine | None:
+    """An engine for reads awaited on the event loop (`Database.read_async`), where the
+    driver has an asyncio form (psycopg 3); None where it has not. Its own small pool:
+    connections it holds are never handed to a thread."""
+    if not url.startswith("postgresql+psycopg:") or importlib.util.find_spec("greenlet") is None:
+        return None
+    engine = create_async_engine(
+        url,
+        pool_size=ASYNC_POOL_SIZE,
+        max_overflow=0,
+        pool_timeout=POOL_TIMEOUT_S,
+        connect_args=_postgres_connect_args(statement_timeout_s),
+        json_deserializer=load_stored_json,
+        isolation_level="AUTOCOMMIT",
+    )
+    event.listen(engine.sync_engine.pool, "checkin", _stamp_checkin)
+    event.listen(engine.sync_engine.pool, "checkout", _ping_if_idle)
+    return engine
 
 
 def _stamp_checkin(_dbapi_conn: Any, record: Any) -> None:
@@ -140,6 +172,21 @@ class ConcurrencyGate:
                 self._slots.release()
 
 
+# The reader a thread (or a task's greenlet, see `async_reads`) has open, per database: a
+# context variable rather than a thread-local, so reads interleaved on one event loop
+# thread never see each other's connection.
+_READING: ContextVar[tuple[Database, Connection] | None] = ContextVar("reading", default=None)
+
+
+@contextmanager
+def _reading_on(db: Database, conn: Connection) -> Iterator[None]:
+    token = _READING.set((db, conn))
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
 class Database:
     """An engine and its session factory, entered through one ConcurrencyGate."""
 
@@ -154,7 +201,14 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.gate = ConcurrencyGate(concurrency, POOL_TIMEOUT_S)
         self._autocommit_reads = self.engine.dialect.name != "sqlite"
-        self._reading = threading.local()
+        # A read of a few rows may run where it is asked for, on the API's event loop,
+        # instead of a hop to a thread that costs more than the read (see `reader`): on
+        # SQLite in WAL mode a reader never waits for the writer, and the file is local.
+        # A PostgreSQL read is a round trip to a server and may wait on a lock (a
+        # migration's) for the statement timeout: it keeps its thread.
+        self.reads_inline = self.engine.dialect.name == "sqlite"
+        # ...and on PostgreSQL through psycopg's asyncio connections, awaited on the loop.
+        self.async_reads = make_async_reads_engine(url, statement_timeout_s)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -162,7 +216,7 @@ class Database:
             yield session
 
     @contextmanager
-    def reader(self) -> Iterator[Connection]:
+    def reader(self, *, gated: bool = True) -> Iterator[Connection]:
         """A Core connection for reads that need no ORM objects (see job_views.py), in
         autocommit on PostgreSQL: no transaction to begin or roll back, which saves a round
         trip each time one goes back to the pool (SQLite begins none for a read anyway, and
@@ -170,19 +224,43 @@ class Database:
         sees its own snapshot: read what must agree in one statement.
 
         Re-entrant per thread: a reader opened inside another shares its connection, so a
-        request that authenticates and reads takes one connection and one gate slot."""
-        held: Connection | None = getattr(self._reading, "conn", None)
-        if held is not None:
-            yield held
+        request that authenticates and reads takes one connection and one gate slot.
+        `gated=False` is for the event loop's own inline reads (`reads_inline`): the gate
+        bounds the threads that trade Python's turn, and the loop must never wait on it
+        behind writers waiting for SQLite's lock."""
+        held = _READING.get()
+        if held is not None and held[0] is self:
+            yield held[1]
             return
-        with self.gate.held(), self.engine.connect() as conn:
+        with self.gate.held() if gated else nullcontext(), self.engine.connect() as conn:
             if self._autocommit_reads:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            self._reading.conn = conn
-            try:
+            with _reading_on(self, conn):
                 yield conn
-            finally:
-                self._reading.conn = None
+
+    async def read_async(self, read: Callable[[], T]) -> T:
+        """`read()` on a connection of `async_reads`, awaited: the same synchronous code as
+        in a thread, its statements awaited on the event loop (SQLAlchemy runs it in a
+        greenlet), so a polled read costs no hop to a thread and back. Every `reader()`
+        opened inside it shares that connection, as in a thread."""
+        if self.async_reads is None:
+            raise RuntimeError(f"{self.engine.dialect.name} has no asyncio reads here")
+
+        def on(conn: Connection) -> T:
+            with _reading_on(self, conn):
+                return read()
+
+        async with self.async_reads.connect() as conn:
+            return await conn.run_sync(on)
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.async_reads is not None:
+            # Outside the event loop its connections cannot be closed politely; the
+            # server sees them go with the process (`dispose_async` closes them first).
+            self.async_reads.sync_engine.dispose(close=False)
+
+    async def dispose_async(self) -> None:
+        if self.async_reads is not None:
+            await self.async_reads.dispose()
+        self.dispose()

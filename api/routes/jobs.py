@@ -13,7 +13,17 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from api.bodies import parse_body
-from api.deps import CallerDep, CurrentUser, RuntimeDep, SettingsDep, StoreDep, ViewsDep, read_as
+from api.deps import (
+    BearerDep,
+    CurrentUser,
+    Outcome,
+    RuntimeDep,
+    SettingsDep,
+    StoreDep,
+    authenticated,
+    read_as,
+    views_of,
+)
 from api.errors import ApiError, checkpoint_storage
 from api.init_from import resolve_spec_init_from
 from api.json_body import json_body
@@ -28,11 +38,12 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
+from service.job_views import JobView
 from service.layout_planning import NoLayout, choose_layout
 from service.models import Checkpoint, Job, JobEvent
 from service.principal import Principal, Viewer
 from service.quotas import UserQuotas, never_fits_quota, resource_limits
-from service.store import JobStore
+from service.store import JobNotFound, JobStore
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import job_demand
 from workers.contract.events import Event
@@ -199,21 +210,21 @@ async def submit_job(
 @router.get("", response_model=JobsPublic)
 async def list_jobs(
     request: Request,
-    caller: CallerDep,
-    views: ViewsDep,
-    settings: SettingsDep,
+    credentials: BearerDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
+    views, settings = views_of(request), request.app.state.settings
     try:
         page = await read_as(
             request,
-            caller,
+            credentials,
             lambda user: views.page(
                 user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
             ),
+            few_rows=True,
         )
     except ValueError as err:
         raise ApiError(
@@ -225,8 +236,16 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-async def get_job(job_id: str, request: Request, caller: CallerDep, views: ViewsDep) -> Response:
-    view = await read_as(request, caller, lambda user: views.get(job_id, user))
+async def get_job(job_id: str, request: Request, credentials: BearerDep) -> Response:
+    views = views_of(request)
+
+    def lookup(token_hash: str) -> tuple[Principal | None, Outcome[JobView]]:
+        user, view = views.get_for_token(job_id, token_hash)
+        if user is not None and view is None:
+            return user, Outcome(error=JobNotFound(f"no job {job_id}"))
+        return user, Outcome(value=view)
+
+    view = await authenticated(request, credentials, lookup, few_rows=True)
     return json_body(JobPublic.fields(view))
 
 
@@ -266,17 +285,17 @@ def resume_job(job_id: str, user: CurrentUser, store: StoreDep, runtime: Runtime
 async def job_events(
     job_id: str,
     request: Request,
-    caller: CallerDep,
-    store: StoreDep,
-    views: ViewsDep,
+    credentials: BearerDep,
     after: Annotated[int, Query(ge=0, le=MAX_INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response:
+    views, store = views_of(request), request.app.state.store
+
     def read(user: Principal) -> list[JobEvent]:
         views.check_visible(job_id, user)
         return store.events(job_id, after_id=after, limit=limit)
 
-    events = await read_as(request, caller, read)
+    events = await read_as(request, credentials, read)
     return json_response(EventsPublic(events=[EventPublic.of(e) for e in events]))
 
 
@@ -284,33 +303,32 @@ async def job_events(
 async def job_metrics(
     job_id: str,
     request: Request,
-    caller: CallerDep,
-    views: ViewsDep,
+    credentials: BearerDep,
     # Steps are bounded by the spec (and stored as 32-bit integers): a larger one would
     # overflow PostgreSQL's comparison.
     since_step: Annotated[int, Query(ge=0, le=MAX_STEPS)] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
 ) -> Response:
     """Logged steps after `since_step`, in order."""
+    views = views_of(request)
     rows = await read_as(
         request,
-        caller,
+        credentials,
         lambda user: views.metrics(job_id, user, since_step=since_step, limit=limit),
     )
     return json_body(MetricsPublic.rows(rows))
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPublic)
-async def job_checkpoints(
-    job_id: str, request: Request, caller: CallerDep, store: StoreDep, views: ViewsDep
-) -> Response:
+async def job_checkpoints(job_id: str, request: Request, credentials: BearerDep) -> Response:
     """Committed checkpoints only: a partial one is never reported."""
+    views, store = views_of(request), request.app.state.store
 
     def read(user: Principal) -> list[Checkpoint]:
         views.check_visible(job_id, user)
         return store.checkpoints(job_id)
 
-    checkpoints = await read_as(request, caller, read)
+    checkpoints = await read_as(request, credentials, read)
     return json_response(
         CheckpointsPublic(checkpoints=[CheckpointPublic.of(c) for c in checkpoints])
     )

@@ -9,13 +9,14 @@ import math
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
 from api.json_body import json_body
 from api.schemas import JobPublic
-from service.db import Database, _json_loads
-from service.job_views import JobView
+from service.db import Database, load_stored_json
+from service.job_views import JobView, spec_steps
 
 
 def test_a_reader_inside_a_reader_shares_its_connection(tmp_path: Path) -> None:
@@ -40,18 +41,20 @@ def _connection_of(db: Database) -> object:
 
 
 def test_stored_json_with_nan_is_still_read() -> None:
-    assert _json_loads('{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}
-    loss = _json_loads('{"loss": NaN}')["loss"]
+    assert load_stored_json('{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}
+    loss = load_stored_json('{"loss": NaN}')["loss"]
     assert math.isnan(loss)
 
 
-def _view(**changes: object) -> JobView:
+def _view(spec: dict[str, Any] | None = None, **changes: object) -> JobView:
+    spec = spec or {"name": "tiny", "train": {"steps": 40}}
     values: dict[str, object] = dict(
         id="j1",
         owner_id=1,
         owner="ann",
         name="tiny",
-        spec={"name": "tiny", "train": {"steps": 40}},
+        spec_text=json.dumps(spec),  # as the column stores it
+        steps=spec_steps(spec),
         state="RUNNING",
         version=3,
         priority=0,
@@ -93,3 +96,15 @@ def test_what_orjson_refuses_takes_the_safe_way() -> None:
     body = _same_as_the_model(_view(spec=spec))
     assert body["spec"] == {"name": "bad?name", "train": {"steps": 2**70}, "x": None}
     assert body["steps"] == 2**70
+
+
+def test_a_stored_spec_is_served_as_it_is_stored_and_says_what_the_model_says() -> None:
+    view = _view({"name": "ünïcode \U0001f600", "train": {"steps": 12}, "z": [1.5, None]})
+    text_of_spec = view.spec_text
+    body = bytes(json_body(JobPublic.fields(_view({"name": "plain", "train": {"steps": 3}}))).body)
+    assert b'"spec":{"name": "plain", "train": {"steps": 3}}' in body  # embedded, not re-encoded
+    spec = _same_as_the_model(view)["spec"]
+    assert isinstance(spec, dict) and spec["name"] == "ünïcode \U0001f600"
+    assert "\\ud83d" in text_of_spec  # an escaped surrogate pair: decoded, still right
+    unreadable: list[object] = [{"train": {"steps": "many"}}, {"train": []}, {"train": None}, []]
+    assert [spec_steps(bad) for bad in unreadable] == [0, 0, 0, 0]
