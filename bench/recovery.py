@@ -7,7 +7,7 @@ event's MTTR (failure to the first new step), steps lost, seconds lost, and the 
 goodput as GET /v1/jobs/{id} shows it.
 
     .venv/bin/python -m bench.recovery [KIND ...] [--trials N] [--at-step S]
-        [--restart in-place|full|both]
+        [--restart in-place|full|both] [--steps N]
         (kinds: kill hang raise nan supervisor node_loss preemption; with N > 1, a
         summary line per kind: p50 and p99 MTTR, mean steps lost and goodput; with
         `both`, N trials of each, in turn, and a summary line for each)
@@ -152,10 +152,12 @@ def measure(
     at_step: int = INJECT_AT_STEP,
     cluster: tuple[LocalRay, LocalNode] | None = None,
     in_place: bool = True,
+    total_steps: int | None = None,
 ) -> dict[str, Any]:
     base = NODE_SPEC if kind in NODE_KINDS else SPEC
     ft = {**base["fault_tolerance"], "recover_in_place": in_place}
-    spec = {**base, "fault_tolerance": ft}
+    train = {**base["train"], "steps": total_steps or base["train"]["steps"]}
+    spec = {**base, "fault_tolerance": ft, "train": train}
     job = client.submit({**spec, "name": f"bench-recovery-{kind}"})
     wait(client, job["id"], lambda j: j["state"] == "RUNNING" and j["step"] >= at_step)
     began: datetime | None = None
@@ -243,6 +245,13 @@ def main() -> None:
         "--at-step", type=int, default=INJECT_AT_STEP, help="inject once the job reaches it"
     )
     parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"the job's steps (default {SPEC['train']['steps']}): a later --at-step, "
+        "once the warm spares have started, needs more",
+    )
+    parser.add_argument(
         "--restart",
         choices=("in-place", "full", "both"),
         default="in-place",
@@ -275,7 +284,9 @@ def main() -> None:
                         cluster = (head, node)
                         wait_for_cpus(client, 2 * CPUS_PER_NODE)
                     try:
-                        got = measure(client, Path(state), kind, args.at_step, cluster, in_place)
+                        got = measure(
+                            client, Path(state), kind, args.at_step, cluster, in_place, args.steps
+                        )
                     finally:
                         if cluster is not None:
                             cluster[1].kill()
