@@ -17,7 +17,8 @@ each trial starts a second node at its own loopback address with its own host me
 service/local_nodes.py). Their job is elastic on 4 ranks, two on each node, with
 snapshots every 2 steps: `node_loss` kills the second node (and its host memory);
 `preemption` drains it with a 20 s deadline, as a spot handler would, and kills it once
-the job has left it.
+the job has left it. Their trials also compare each step's loss with the same job trained
+uninterrupted in one process (`max_loss_rel_diff`).
 
 Two clocks: `mttr_s` is the recovery event's (from when the supervisor saw the failure
 to the first new step it saw), `fault_to_step_s` is from the fault's injection to that
@@ -28,6 +29,7 @@ failure and to take the old ranks down.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -49,6 +51,8 @@ from service.local_nodes import (
     start_local_node,
 )
 from service.local_ray import LocalRay, start_local_ray
+from workers.contract.spec import JobSpec
+from workers.engine.launch import train_local
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +180,13 @@ def measure(
     recoveries = [e["data"] for e in closed]
     metrics = client.metrics(job["id"])
     steps = [m["step"] for m in metrics]
+    # Node kinds: the losses against the same job trained uninterrupted in one process
+    # (every layout trains like one process, so an elastic re-plan must keep them).
+    loss_diff = None
+    if kind in NODE_KINDS and steps == list(range(1, spec["train"]["steps"] + 1)):
+        loss_diff = max_relative_difference(
+            [m["loss"] for m in metrics], reference_losses(json.dumps(spec, sort_keys=True))
+        )
     fault_to_step = None
     faults = [e for e in events if e["message"].startswith("fault injected")]
     if began is None and faults:
@@ -203,7 +214,24 @@ def measure(
         "missing": sorted(set(range(1, spec["train"]["steps"] + 1)) - set(steps)),
         "repeated": sorted({s for s in steps if steps.count(s) > 1}),
         "cause": recoveries[0]["cause"] if recoveries else end["failure_reason"],
+        "max_loss_rel_diff": None if loss_diff is None else float(f"{loss_diff:.2g}"),
     }
+
+
+@functools.cache
+def reference_losses(spec_json: str) -> list[float]:
+    """Each step's loss of the spec trained uninterrupted in one process."""
+    spec = json.loads(spec_json)
+    alone = {**spec, "parallel": {"dp": 1}, "fault_tolerance": {"max_failures": 0}}
+    rows: list[dict[str, Any]] = []
+    train_local(JobSpec.model_validate(alone), 1, on_metrics=rows.append)
+    return [float(r["loss"]) for r in rows]
+
+
+def max_relative_difference(got: list[float], want: list[float]) -> float:
+    if len(got) != len(want):
+        return math.inf
+    return max((abs(g - w) / abs(w) for g, w in zip(got, want, strict=True)), default=0.0)
 
 
 def _aware(moment: datetime) -> datetime:
@@ -233,7 +261,14 @@ def summary(kind: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
         "fault_to_step_p99_s": round(percentile(whole, 99), 2) if whole else None,
         "steps_lost_mean": round(statistics.mean(t["steps_lost"] for t in trials), 1),
         "goodput_mean": round(statistics.mean(t["goodput"] or 0.0 for t in trials), 3),
+        **_loss_summary(trials),
     }
+
+
+def _loss_summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest loss difference from an uninterrupted run, where trials measured one."""
+    diffs = [t["max_loss_rel_diff"] for t in trials if t.get("max_loss_rel_diff") is not None]
+    return {"max_loss_rel_diff": float(f"{max(diffs):.2g}")} if diffs else {}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The same spec through the service (REST -> Ray actors) and through `shardline train`.
 
 Prints one JSON line: both steady-state step times (as rank 0 measures them), their ratio,
-the time from submit to the first completed step, and both runs' wall-clock times.
+the ratio of their second halves' medians (once what starts beside a job's first steps is
+done), the time from submit to the first completed step, and both runs' wall-clock times.
 
     .venv/bin/python -m bench.service_overhead [SPEC.yaml]
 """
@@ -14,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from api.local_service import local_service
@@ -32,6 +33,12 @@ def steady(step_times: list[float]) -> float:
     return mean(step_times[2:] if len(step_times) > 3 else step_times)
 
 
+def late(step_times: list[float]) -> float:
+    """Median step time of the second half: what a long job's steps cost once what starts
+    beside its first steps (the service's warm spares importing torch) is done."""
+    return median(step_times[len(step_times) // 2 :])
+
+
 def through_service(spec_path: Path) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
@@ -47,6 +54,7 @@ def through_service(spec_path: Path) -> dict[str, Any]:
         rows = client.metrics(job["id"])
     return {
         "step_time_s": steady([r["step_time_s"] for r in rows]),
+        "late_step_time_s": late([r["step_time_s"] for r in rows]),
         "submit_to_first_step_s": first_step_s,
         "wall_s": wall_s,
         "final_loss": rows[-1]["loss"],
@@ -60,6 +68,7 @@ def through_train(spec_path: Path) -> dict[str, Any]:
     summary = train_local(spec, spec.parallel.world_size, on_metrics=rows.append)
     return {
         "step_time_s": steady([r["step_time_s"] for r in rows]),
+        "late_step_time_s": late([r["step_time_s"] for r in rows]),
         "wall_s": time.monotonic() - started,
         "final_loss": summary["final_loss"],
     }
@@ -77,6 +86,9 @@ def main() -> None:
                 "service_step_time_s": round(service["step_time_s"], 4),
                 "train_step_time_s": round(train["step_time_s"], 4),
                 "step_time_ratio": round(service["step_time_s"] / train["step_time_s"], 3),
+                "late_step_time_ratio": round(
+                    service["late_step_time_s"] / train["late_step_time_s"], 3
+                ),
                 "submit_to_first_step_s": round(service["submit_to_first_step_s"], 2),
                 "service_wall_s": round(service["wall_s"], 2),
                 "train_wall_s": round(train["wall_s"], 2),

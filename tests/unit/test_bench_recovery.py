@@ -3,9 +3,12 @@ the slowest) and the per-kind summary."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from bench.recovery import percentile, summary
+import pytest
+
+from bench.recovery import max_relative_difference, percentile, summary
 
 
 def trial(mttr: float | None, lost: int = 2, done: bool = True) -> dict[str, Any]:
@@ -43,3 +46,10 @@ def test_the_summary_counts_every_trial() -> None:
         "steps_lost_mean": 2.7,
         "goodput_mean": 0.9,
     }
+
+
+def test_node_trials_report_their_largest_loss_difference() -> None:
+    assert max_relative_difference([2.0, 1.01], [2.0, 1.0]) == pytest.approx(0.01)
+    assert max_relative_difference([2.0], [2.0, 1.0]) == math.inf  # a step missing
+    node = [trial(5.0) | {"max_loss_rel_diff": d} for d in (1e-7, 3.4e-6, None)]
+    assert summary("node_loss", node)["max_loss_rel_diff"] == 3.4e-6
