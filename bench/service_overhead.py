@@ -33,6 +33,16 @@ def steady(step_times: list[float]) -> float:
     return mean(step_times[2:] if len(step_times) > 3 else step_times)
 
 
+def late_span(rows: list[dict[str, Any]]) -> float | None:
+    """Mean step time over the second half by the clock: the seconds between the logged
+    step halfway and the last over the steps between (every step, logged or not; rows
+    carry when their step ended). None where rows say no time."""
+    half = rows[len(rows) // 2]
+    if rows[-1]["step"] <= half["step"] or "time" not in half:
+        return None
+    return float(rows[-1]["time"] - half["time"]) / (rows[-1]["step"] - half["step"])
+
+
 def late(step_times: list[float]) -> float:
     """Median step time of the second half: what a long job's steps cost once what starts
     beside its first steps (the service's warm spares importing torch) is done."""
@@ -55,6 +65,7 @@ def through_service(spec_path: Path) -> dict[str, Any]:
     return {
         "step_time_s": steady([r["step_time_s"] for r in rows]),
         "late_step_time_s": late([r["step_time_s"] for r in rows]),
+        "late_span_step_s": late_span(rows),
         "submit_to_first_step_s": first_step_s,
         "wall_s": wall_s,
         "final_loss": rows[-1]["loss"],

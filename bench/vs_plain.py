@@ -56,7 +56,9 @@ def bench_spec(spec: JobSpec, compile_blocks: bool | None, log_every: int) -> Jo
 class PlainLoop:
     """What a user would write by hand for the same model, data and optimizer."""
 
-    def __init__(self, spec: JobSpec, device: torch.device) -> None:
+    def __init__(
+        self, spec: JobSpec, device: torch.device, dp_rank: int = 0, dp_size: int = 1
+    ) -> None:
         self.spec, self.device = spec, device
         torch.manual_seed(spec.train.seed)
         with torch.device(device):
@@ -69,7 +71,7 @@ class PlainLoop:
             weight_decay=spec.train.weight_decay,
             fused=device.type == "cuda",
         )
-        self.loader = build_loader(spec, dp_rank=0, dp_size=1)
+        self.loader = build_loader(spec, dp_rank=dp_rank, dp_size=dp_size)
         self.dtype = AUTOCAST_DTYPES.get(spec.precision)
         self.step = 0
 
