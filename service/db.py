@@ -201,13 +201,13 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.gate = ConcurrencyGate(concurrency, POOL_TIMEOUT_S)
         self._autocommit_reads = self.engine.dialect.name != "sqlite"
-        # A read of a few rows may run where it is asked for, on the API's event loop,
-        # instead of a hop to a thread that costs more than the read (see `reader`): on
-        # SQLite in WAL mode a reader never waits for the writer, and the file is local.
-        # A PostgreSQL read is a round trip to a server and may wait on a lock (a
-        # migration's) for the statement timeout: it keeps its thread.
+        # A read of a few rows need not hop to a thread, which costs more than the read.
+        # On SQLite it may run where it is asked for, on the API's event loop: in WAL mode
+        # a reader never waits for the writer, and the file is local. A PostgreSQL read is
+        # a round trip to a server and may wait on a lock (a migration's) for the
+        # statement timeout, so it must never block the loop: it is awaited there on an
+        # asyncio connection where psycopg's asyncio form is installed (`read_async`).
         self.reads_inline = self.engine.dialect.name == "sqlite"
-        # ...and on PostgreSQL through psycopg's asyncio connections, awaited on the loop.
         self.async_reads = make_async_reads_engine(url, statement_timeout_s)
 
     @contextmanager
@@ -223,8 +223,9 @@ class Database:
         setting and resetting its isolation level cost more than the read). Each statement
         sees its own snapshot: read what must agree in one statement.
 
-        Re-entrant per thread: a reader opened inside another shares its connection, so a
-        request that authenticates and reads takes one connection and one gate slot.
+        Re-entrant per thread (and per `read_async` call): a reader opened inside another
+        shares its connection, so a request that authenticates and reads takes one
+        connection and one gate slot.
         `gated=False` is for the event loop's own inline reads (`reads_inline`): the gate
         bounds the threads that trade Python's turn, and the loop must never wait on it
         behind writers waiting for SQLite's lock."""
