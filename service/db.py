@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import threading
@@ -10,13 +11,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
 
@@ -111,6 +114,10 @@ def make_async_reads_engine(url: str, statement_timeout_s: float | None) -> Asyn
     connections it holds are never handed to a thread."""
     if not url.startswith("postgresql+psycopg:") or importlib.util.find_spec("greenlet") is None:
         return None
+    # Imported here: only the API awaits reads, and the import costs every other process
+    # (the CLI, migrations) about 60 ms.
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     engine = create_async_engine(
         url,
         pool_size=ASYNC_POOL_SIZE,
@@ -208,7 +215,12 @@ class Database:
         # statement timeout, so it must never block the loop: it is awaited there on an
         # asyncio connection where psycopg's asyncio form is installed (`read_async`).
         self.reads_inline = self.engine.dialect.name == "sqlite"
-        self.async_reads = make_async_reads_engine(url, statement_timeout_s)
+        self._statement_timeout_s = statement_timeout_s
+
+    @functools.cached_property
+    def async_reads(self) -> AsyncEngine | None:
+        """The engine of `read_async`, made at its first use (None where there is none)."""
+        return make_async_reads_engine(self.url, self._statement_timeout_s)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -256,12 +268,17 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-        if self.async_reads is not None:
+        if (made := self._made_async_reads()) is not None:
             # Outside the event loop its connections cannot be closed politely; the
             # server sees them go with the process (`dispose_async` closes them first).
-            self.async_reads.sync_engine.dispose(close=False)
+            made.sync_engine.dispose(close=False)
 
     async def dispose_async(self) -> None:
-        if self.async_reads is not None:
-            await self.async_reads.dispose()
+        if (made := self._made_async_reads()) is not None:
+            await made.dispose()
         self.dispose()
+
+    def _made_async_reads(self) -> AsyncEngine | None:
+        """The engine of `read_async` if a read made it (disposing must not make one)."""
+        made: AsyncEngine | None = self.__dict__.get("async_reads")
+        return made
