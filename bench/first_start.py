@@ -7,6 +7,13 @@ each event was recorded. The first run of a fresh head also pays for Ray's first
 processes; later runs are what a running service gives.
 
     .venv/bin/python -m bench.first_start [--runs 3] [--server-src DIR] [--label L]
+        [--warm-workers N] [--settle-s S] [--gap-s G]
+
+`--warm-workers N` sets the server's warm pool (SHARDLINE_WARM_WORKERS_PER_NODE; 0: none)
+and `--settle-s S` waits that long after the server answers before the first job, so the
+first job meets a warm service (its pool started); `--gap-s G` waits that long between
+one job's end and the next submit (default 0: back to back). The last line is the runs' median and
+max.
 
 `--server-src DIR` serves another checkout's code (e.g. the code before a change) with
 this one's client, so before and after run back to back in one command.
@@ -17,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import statistics
 import tempfile
 import time
 from datetime import datetime
@@ -62,16 +71,26 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--server-src", type=Path, default=None)
     parser.add_argument("--label", default="")
+    parser.add_argument("--warm-workers", type=int, default=None)
+    parser.add_argument("--settle-s", type=float, default=0.0)
+    parser.add_argument("--gap-s", type=float, default=0.0)
     args = parser.parse_args()
+    if args.warm_workers is not None:  # the server's environment is this one's
+        os.environ["SHARDLINE_WARM_WORKERS_PER_NODE"] = str(args.warm_workers)
+    firsts: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="shardline-first-start-") as state,
         local_service(Path(state), server_src=args.server_src) as svc,
         svc.client() as client,
     ):
+        time.sleep(args.settle_s)
         for run in range(args.runs):
+            if run:
+                time.sleep(args.gap_s)
             submitted_at, submitted = time.time(), time.monotonic()
             job = client.submit({**JOB, "name": f"first-start-{run}"})
             current, first_step_s = run_to_end(client, job["id"], submitted)
+            firsts.append(first_step_s or float("nan"))
             events = {
                 e["message"][:60]: round(_seconds(e["time"]) - submitted_at, 2)
                 for e in client.events(job["id"], after=0)
@@ -89,6 +108,8 @@ def main() -> None:
                 ),
                 flush=True,
             )
+    summary = {"median_s": round(statistics.median(firsts), 2), "max_s": round(max(firsts), 2)}
+    print(json.dumps({"bench": "first_start", "label": args.label, **summary}), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ time, and the final validation loss.
     .venv/bin/python -m bench.low_comm [--dp 4] [--steps 300]
         [--modes none,bf16,powersgd,local_sgd,local_sgd_bf16] [--rank 4] [--warmup 30]
         [--sync-every 16] [--outer-lr 0.7] [--outer-momentum 0.9] [--lr 3e-3]
-        [--corpus workers]
+        [--corpus workers] [--replica-batch 4]
 
 The corpus is byte-tokenized text (by default this project's engine source). Each line's
 `val_loss_vs_none` is its final validation loss over the uncompressed run's.
@@ -59,8 +59,8 @@ def spec_for(args: argparse.Namespace, mode: str) -> JobSpec:
             "parallel": parallel_for(args, mode),
             "train": {
                 "steps": args.steps,
-                "global_batch_size": 4 * args.dp,
-                "micro_batch_size": 4,
+                "global_batch_size": args.replica_batch * args.dp,
+                "micro_batch_size": args.replica_batch,
                 "lr": args.lr,
                 "min_lr": args.lr / 10,
                 "warmup_steps": 10,
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's (the inner) peak lr")
     parser.add_argument("--corpus", default=str(ROOT / "workers"))
+    parser.add_argument("--replica-batch", type=int, default=4, help="samples per replica per step")
     args = parser.parse_args()
     lines = [run_mode(args, mode) for mode in args.modes.split(",")]
     base = next((line for line in lines if line["mode"] == "none"), None)

@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     # cluster's nodes over the job's ranks): below it the job is refused at submit, since
     # its ranks would crawl and time out their collectives while loading every host.
     min_core_share: Annotated[float, Field(ge=0.0, le=64.0)] = 0.25
+    # Rank processes started ahead on every node (torch and the engine imported) that the
+    # next jobs' CPU ranks take instead of starting their own: a job's first step comes
+    # about 1.5 s sooner. Each holds some 400 MB of host memory while it waits; 0: none.
+    warm_workers_per_node: Annotated[int, Field(ge=0, le=64)] = 2
+    # They are stopped after this long without a job taking one (and started again by the
+    # next job that finds none).
+    warm_workers_idle_s: Annotated[float, Field(gt=0)] = 1800.0
     # Checkpoints, logs and resolved specs go under storage_root/<job id>/.
     storage_root: Path | None = None
     # Every job's checkpoints under <checkpoint_root>/<job id>/checkpoints/ instead of

@@ -21,6 +21,7 @@ from service.reconciler import Reconciler
 from service.runtime import ClusterInfo, FaultNotDelivered
 from service.scheduler import Scheduler, host_memory_refusal
 from service.store import JobStore
+from service.warm_pool import start_warm_pool
 from workers.contract.data_access import DataAccess
 from workers.contract.demand import (
     RESOURCE_NAMES,
@@ -37,12 +38,11 @@ from workers.contract.spec import JobSpec
 from workers.runtime import cluster_rates
 from workers.runtime.actors import SupervisorActor
 from workers.runtime.calibration import calibrate_here
-from workers.runtime.names import CORES_LABEL, NAMESPACE, supervisor_name
+from workers.runtime.names import CORES_LABEL, HEAD_RESOURCE, NAMESPACE, supervisor_name
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
-HEAD_RESOURCE = "node:__internal_head__"  # Ray gives it to the head node only
 CALIBRATE_TIMEOUT_S = 600.0
 
 
@@ -182,6 +182,7 @@ class RayRuntime:
             self.share_rates(row.kind, Rates.from_json(row.rates))
         self.reconciler.start()
         self.scheduler.start()
+        start_warm_pool(self.settings, self.supervisors.runtime_env)
 
     def _connect(self) -> None:
         """ray.init, tried again until ray_connect_timeout_s: a head that is still starting

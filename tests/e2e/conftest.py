@@ -75,6 +75,9 @@ def new_service(url: str, ray_address: str, folder: Path, **settings: Any) -> Se
         "state_dir": folder / "state",
         "storage_root": folder / "storage",
         "data_roots": [folder],
+        # Tests find a job's ranks by their actor names (worker_pid): pooled workers have
+        # none. tests/e2e/test_warm_pool.py turns the pool on.
+        "warm_workers_per_node": 0,
     }
     merged = {**defaults, **settings, "database_url": url, "ray_address": ray_address}
     return Service(Settings(**merged), url, ray_address, token)

@@ -19,7 +19,7 @@ from api.client import Client
 from tests.e2e.conftest import Service, leftovers, resumed, wait_for, worker_pid
 from workers.contract.spec import JobSpec
 from workers.engine.launch import train_local
-from workers.runtime.names import NAMESPACE, supervisor_name
+from workers.runtime.names import NAMESPACE, supervisor_name, worker_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 40
@@ -60,6 +60,27 @@ def actor_pid(address: str, name: str) -> int:
     return int(pid)
 
 
+def spares_ready(c: Client, address: str, job_id: str, before_step: int) -> bool:
+    """Wait until the job's warm spares (its next attempt's named actors) have started,
+    while the job is before `before_step`; whether they did."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    while c.get(job_id)["step"] < before_step:
+        names = [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(worker_name(job_id, 2, 0).rsplit("-rank-", 1)[0] + "-rank-")
+        ]
+        try:
+            actors = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+            if len(actors) == 2 and ray.get([a.__ray_ready__.remote() for a in actors], timeout=1):
+                return True
+        except (ValueError, ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def finished(c: Client, job_id: str) -> dict[str, Any]:
     return wait_for(
         c, job_id, lambda j: j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), LIMIT_S
@@ -87,6 +108,7 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
         wait_for(c, job["id"], lambda j: j["step"] >= 5, LIMIT_S)
+        warm = spares_ready(c, svc.ray_address, job["id"], before_step=STEPS - 10)
         os.kill(worker_pid(svc.ray_address, job["id"], 1), signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
@@ -98,7 +120,13 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
         assert len(set(process_ids(c, job["id"], 0))) == 1, "rank 0 was restarted"
         assert len(set(process_ids(c, job["id"], 1))) == 2, "rank 1 was not replaced"
     assert any("rank 1: its actor died" in e for e in events), events
-    assert "workers restarted in place on warm spares" in events, events  # torch imported
+    # The spares import torch at the lowest priority beside the training ranks: on a slow
+    # or busy machine they may still be starting at the kill. Started, the restart must
+    # take them; still starting, it takes them only if they answer within its 5 s.
+    if warm:
+        assert "workers restarted in place on warm spares" in events, events
+    else:
+        assert any(e.startswith("workers restarted in place") for e in events), events
     restored = [e for e in events if e.startswith("restored checkpoint step")]
     assert len(restored) == 1, events
     step = int(restored[0].split()[3])

@@ -59,6 +59,7 @@ class ScriptedWorkers:
     ranks stop at their step, unless `stubborn` (they keep training)."""
 
     warm_start = False
+    pooled_ranks = 0
 
     def __init__(
         self, *starts: list[list[WorkerStatus]], stubborn: bool = False, failing_starts: int = 0

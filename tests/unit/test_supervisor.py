@@ -25,6 +25,7 @@ class FakeWorkers:
     """Scripted polls: each call to poll() returns the next list of statuses."""
 
     warm_start = False
+    pooled_ranks = 0
 
     def __init__(self, polls: list[list[WorkerStatus]]) -> None:
         self.polls = polls

@@ -37,6 +37,7 @@ class PausableWorkers:
     """Two ranks that train until asked to stop, then report a checkpoint and stop."""
 
     warm_start = False
+    pooled_ranks = 0
 
     def __init__(self) -> None:
         self.calls: list[str] = []

@@ -41,6 +41,7 @@ class ScriptedWorkers:
     repeated. Records what the supervisor asked for."""
 
     warm_start = False
+    pooled_ranks = 0
 
     def __init__(self, scripts: list[list[list[WorkerStatus]]]) -> None:
         self.scripts = scripts

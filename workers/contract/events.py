@@ -28,7 +28,7 @@ class EventKind(StrEnum):
     # The supervisor:
     PLACEMENT = "placement"  # placement group ready: nodes, ranks (each one's index in nodes)
     WAITING = "waiting"  # the job waits for capacity: world_size
-    WORKERS_STARTED = "workers_started"  # world_size, warm_spares
+    WORKERS_STARTED = "workers_started"  # world_size, warm_spares, pooled_ranks
     FAILURE = "failure"  # a real failure, counted against max_failures: retry, failures
     NONFINITE = "nonfinite"  # a non-finite loss: step, batch, skipped
     RECOVERY = "recovery"  # a recovery ended: mttr_s, steps_lost, seconds_lost, ...

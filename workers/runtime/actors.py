@@ -1,22 +1,29 @@
-"""Where the plain classes become Ray actors: the worker, and the supervisor wired to the
-Ray worker group (which is handed the worker actor class, so nothing imports back here)."""
+"""Where the plain classes become Ray actors: the worker, the warm pool and its workers,
+and the supervisor wired to the Ray worker group (which is handed the worker actor class,
+so nothing imports back here)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from workers.contract.spec import JobSpec
+from workers.runtime import priority
+from workers.runtime.pooled_worker import PooledWorker
 from workers.runtime.supervisor import JobSupervisor
+from workers.runtime.warm_pool import Idle, WarmPool
 from workers.runtime.worker import TrainingWorker
 from workers.runtime.worker_group import WorkerGroup
 from workers.storage.layout import CheckpointLocations, JobLayout
 
-__all__ = ["SupervisorActor", "WorkerActor"]
+__all__ = ["SupervisorActor", "WarmPoolActor", "WorkerActor"]
 
 # A worker holds one rank; its resources come from its placement-group bundle.
 WorkerActor = ray.remote(max_restarts=0)(TrainingWorker)
+# A pooled worker reserves nothing: the job that adopts it reserves its rank's bundle.
+PooledWorkerActor = ray.remote(num_cpus=0, max_restarts=0)(PooledWorker)
 
 
 def ray_workers(spec: JobSpec, layout: JobLayout, locations: CheckpointLocations) -> WorkerGroup:
@@ -28,8 +35,25 @@ class RayJobSupervisor(JobSupervisor):
     """The supervisor as the control plane starts it: its workers are Ray actors."""
 
     def __init__(self, layout: JobLayout, spec_json: str, **options: Any) -> None:
+        # Out of Ray's nice 15, where warm processes starting beside it held back the
+        # relay of the job's steps (and its recovery) by seconds on busy cores.
+        priority.normal()
         super().__init__(layout, spec_json, make_workers=ray_workers, **options)
 
 
 # The supervisor reserves nothing: the job's resources are all in its placement group.
 SupervisorActor = ray.remote(num_cpus=0, max_restarts=0)(RayJobSupervisor)
+
+
+class RayWarmPool(WarmPool):
+    """The warm pool with its workers as Ray actors, each pinned to its node."""
+
+    def _start(self, node: str) -> Idle:
+        actor: Any = PooledWorkerActor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote()
+        return Idle(node, actor, actor.__ray_ready__.remote())
+
+
+# Its calls are quick; its upkeep runs on a thread of its own.
+WarmPoolActor = ray.remote(num_cpus=0, max_restarts=0)(RayWarmPool)

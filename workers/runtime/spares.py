@@ -19,28 +19,38 @@ log = logging.getLogger(__name__)
 SPARE_CHECK_S = 5.0
 
 
-class WarmSpares:
+class PastFirstStep:
+    """Whether a world is past its start: every rank has finished a step since the first
+    poll that found them all training. Processes started sooner (warm spares, the warm
+    pool's replacements) slow the world's own start, and the relay of its first step."""
+
     def __init__(self) -> None:
-        self.actors: list[Any] = []
-        self.made_for: tuple[Any, ...] | None = None  # what they were made for
         self._started_at_steps: list[int] | None = None  # each rank's first step polled
 
-    def attempt_started(self) -> None:
-        """A new attempt's world started: spares wait for its first steps again."""
-        self._started_at_steps = None
-
-    def due(self, statuses: list[WorkerStatus]) -> bool:
-        """Whether to make spares now: once every rank has finished a step of this
-        attempt (starting processes sooner would slow the world's own start)."""
-        if self.actors or not statuses:  # none while the group has no ranks (stopped)
-            return False
-        if not all(st.phase == WorkerPhase.TRAINING for st in statuses):
+    def passed(self, statuses: list[WorkerStatus]) -> bool:
+        if not statuses or not all(st.phase == WorkerPhase.TRAINING for st in statuses):
             return False
         steps = [st.step for st in statuses]
         if self._started_at_steps is None or len(self._started_at_steps) != len(steps):
             self._started_at_steps = steps
             return False
         return all(now > then for now, then in zip(steps, self._started_at_steps, strict=True))
+
+
+class WarmSpares:
+    def __init__(self) -> None:
+        self.actors: list[Any] = []
+        self.made_for: tuple[Any, ...] | None = None  # what they were made for
+        self._start = PastFirstStep()
+
+    def attempt_started(self) -> None:
+        """A new attempt's world started: spares wait for its first steps again."""
+        self._start = PastFirstStep()
+
+    def due(self, statuses: list[WorkerStatus]) -> bool:
+        """Whether to make spares now: once every rank has finished a step of this
+        attempt (none while the group has no ranks: stopped)."""
+        return not self.actors and self._start.passed(statuses)
 
     def make(self, make_actors: Callable[[], list[Any]], key: tuple[Any, ...]) -> None:
         self.actors, self.made_for = make_actors(), key

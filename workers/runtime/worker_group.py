@@ -27,9 +27,11 @@ from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.placement.node_health import alive_nodes, free_outside
+from workers.runtime.rank_calls import RankCalls
 from workers.runtime.snapshot_cleanup import remove_snapshots_on
-from workers.runtime.spares import WarmSpares, kill_and_confirm
+from workers.runtime.spares import PastFirstStep, WarmSpares, kill_and_confirm
 from workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
+from workers.runtime.warm_pool import adopt_ranks, refill_pool
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ KILL_CONFIRM_S = 10.0
 SETTLE_S = 5.0
 
 
-class WorkerGroup:
+class WorkerGroup(RankCalls):
     def __init__(
         self,
         spec: JobSpec,
@@ -66,6 +68,8 @@ class WorkerGroup:
         self._snapshot_nodes: set[str] = set()  # nodes that may hold this job's snapshots
         self.spares = WarmSpares()
         self.warm_start = False  # whether the last start() ran on warm spares
+        self.pooled_ranks = 0  # how many ranks it took from the warm pool
+        self.pool_refill: PastFirstStep | None = None  # when to tell the pool to refill
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -167,7 +171,7 @@ class WorkerGroup:
 
     def _fresh_actors(self, locations: CheckpointLocations, ranks: list[int] | None) -> list[Any]:
         """New actors for `ranks` (default: all): warm spares where ready, else new."""
-        self.warm_start = False  # said in the supervisor's event
+        self.warm_start, self.pooled_ranks = False, 0  # said in the supervisor's event
         if ranks == []:  # every rank goes on in its process: the spares wait for a later use
             return []
         self.attempt += 1
@@ -206,22 +210,34 @@ class WorkerGroup:
         spare: bool,
         ranks: list[int] | None = None,
     ) -> list[Any]:
-        """An actor per rank of `ranks` (default: all) in its bundle (a spare reserves none)."""
+        """An actor per rank of `ranks` (default: all) in its bundle (a spare reserves none):
+        an idle one of the warm pool where it has one on the rank's node, else a new one."""
         assert self.pg is not None, "reserve() first"
-        res = bundle_resources(self.spec)
-        spec_json = self.spec.model_dump_json()
+        res, spec_json = bundle_resources(self.spec), self.spec.model_dump_json()
+        wanted = [r for r in range(self.world_size) if ranks is None or r in ranks]
+        pooled = (
+            {}
+            if spare or res.get("GPU")
+            else adopt_ranks(
+                {r: self.node_of_rank[r] for r in wanted},
+                (self.layout, self.world_size, spec_json, locations, res["CPU"]),
+            )
+        )
+        if not spare:
+            self.pooled_ranks = len(pooled)
+            self.pool_refill = PastFirstStep() if pooled else None
         return [
-            self.worker_actor.options(
+            pooled.get(rank)
+            or self.worker_actor.options(
                 name=worker_name(self.job_id, attempt, rank),
                 namespace=NAMESPACE,
                 num_cpus=0 if spare else res["CPU"],
                 num_gpus=0 if spare else res.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=bundle
+                    placement_group=self.pg, placement_group_bundle_index=self.bundle_of_rank[rank]
                 ),
             ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"], spare)
-            for rank, bundle in enumerate(self.bundle_of_rank)
-            if ranks is None or rank in ranks
+            for rank in wanted
         ]
 
     def _spare_key(self, locations: CheckpointLocations) -> tuple[Any, ...]:
@@ -259,27 +275,10 @@ class WorkerGroup:
                 )
         if self.spares.due(statuses):
             self.make_spares()
+        if self.pool_refill is not None and self.pool_refill.passed(statuses):
+            self.pool_refill = None  # the pool replaces what this start took from it now
+            refill_pool()
         return statuses
-
-    def inject_fault(self, rank: int, kind: str) -> None:
-        """Deliver a chaos-test fault to one rank (it answers before a `kill` takes it)."""
-        if not self.actors:
-            raise ValueError("the job's workers are being replaced; send it once RUNNING again")
-        if not 0 <= rank < len(self.actors):
-            raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
-        ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
-
-    def profile(self, profile_id: str, steps: int) -> int:
-        """Have every rank record its next `steps` steps (workers/runtime/profiling.py);
-        how many ranks were asked."""
-        if not self.actors:
-            raise ValueError("the job's workers are being replaced; ask once RUNNING again")
-        ray.get([a.profile.remote(profile_id, steps) for a in self.actors], timeout=30)
-        return len(self.actors)
-
-    def request_stop(self, save: bool = False) -> None:
-        for a in self.actors:
-            a.stop.remote(save)
 
     def kill_workers(self) -> None:
         """Kill every rank and wait (bounded) until Ray reports each one dead: a rank that

@@ -198,7 +198,8 @@ class JobSupervisor(ControlPlaneCalls):
         return self._started(verb, len(placed[0]))
 
     def _started(self, verb: str, world_size: int) -> Next:
-        self.relay.started(verb, world_size, self.workers.warm_start)
+        workers = self.workers
+        self.relay.started(verb, world_size, workers.warm_start, workers.pooled_ranks)
         return Next(JobState.RUNNING, f"{world_size} workers {verb}")
 
     def _watch(self) -> Next:

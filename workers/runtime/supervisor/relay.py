@@ -48,9 +48,11 @@ class ProgressRelay:
         message = f"placement group ready: {len(where)} ranks on {len(nodes)} node(s)"
         self.event(Event(EventKind.PLACEMENT, message, {"nodes": nodes, "ranks": where}))
 
-    def started(self, verb: str, world_size: int, warm_spares: bool) -> None:
+    def started(self, verb: str, world_size: int, warm_spares: bool, pooled: int = 0) -> None:
         said = f"workers {verb}" + (" on warm spares" if warm_spares else "")
-        data = {"world_size": world_size, "warm_spares": warm_spares}
+        if pooled:
+            said += f", {pooled} of {world_size} from the warm pool"
+        data = {"world_size": world_size, "warm_spares": warm_spares, "pooled_ranks": pooled}
         self.event(Event(EventKind.WORKERS_STARTED, said, data))
 
     def collect(self, statuses: list[WorkerStatus]) -> Event | None:

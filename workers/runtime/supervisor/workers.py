@@ -53,6 +53,10 @@ class Workers(Protocol):
     @property
     def warm_start(self) -> bool: ...
 
+    # How many ranks the last start() took from the warm pool (said in that event too).
+    @property
+    def pooled_ranks(self) -> int: ...
+
 
 @runtime_checkable
 class InPlaceWorkers(Protocol):

@@ -1,0 +1,99 @@
+"""The warm pool on a real Ray cluster: a job's ranks are processes the pool started ahead,
+and an adopted rank ends with the supervisor that adopted it, as a rank it started would."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from service.local_ray import LocalRay
+from tests.e2e.conftest import new_service, wait_for
+from tests.e2e.test_recovery import actor_pid, process_ids
+from tests.support.databases import fresh_database
+from workers.runtime.names import NAMESPACE, WARM_POOL_NAME, supervisor_name
+
+pytestmark = pytest.mark.timeout(240)
+
+BODY: dict[str, Any] = {
+    "name": "pooled",
+    "model": {"preset": "tiny", "seq_len": 32},
+    "parallel": {"dp": 2},
+    "train": {"steps": 300, "global_batch_size": 2, "micro_batch_size": 1, "log_every": 10},
+    "checkpoint": {"every_steps": 50},
+}
+
+
+def idle_pids(pool: Any) -> set[int]:
+    """The processes of the pool's idle workers."""
+
+    def pids(held: Any) -> list[int]:
+        calls = [e.actor.__ray_call__.remote(lambda _: os.getpid()) for e in held.idle]
+        return list(ray.get(calls, timeout=30))
+
+    return set(ray.get(pool.__ray_call__.remote(pids), timeout=60))
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def pool_on(ray_cluster: LocalRay, tmp_path: Path) -> Iterator[Any]:
+    """A service with two warm workers per node; the pool is removed afterwards (it is
+    detached: it would outlive this test's service on the shared cluster)."""
+    with fresh_database("sqlite", tmp_path) as url:
+        svc = new_service(url, ray_cluster.address, tmp_path, warm_workers_per_node=2)
+        try:
+            yield svc
+        finally:
+            if ray.is_initialized():
+                with contextlib.suppress(ValueError):  # gone already
+                    ray.kill(ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE))
+
+
+def test_ranks_come_from_the_pool_and_die_with_their_supervisor(pool_on: Any) -> None:
+    svc = pool_on
+    with svc.running() as server, svc.client(server) as c:
+        if not ray.is_initialized():
+            ray.init(address=svc.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        pool: Any = ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE)
+        wait_until(lambda: ray.get(pool.counts.remote())["ready"] == 2, 120, "a warm pool")
+        idle = idle_pids(pool)
+        assert len(idle) == 2
+
+        job = c.submit(BODY)
+        wait_for(c, job["id"], lambda j: j["step"] >= 3, 90)
+        started = next(
+            e for e in c.events(job["id"], after=0) if e["data"].get("kind") == "workers_started"
+        )
+        assert started["data"]["pooled_ranks"] == 2, started
+        assert "2 of 2 from the warm pool" in started["message"]
+        # Each rank's log names the process it trains in: the pool's, started before.
+        assert {process_ids(c, job["id"], rank)[0] for rank in (0, 1)} == idle
+        assert ray.get(pool.counts.remote())["handed_out"] == 2
+
+        # The supervisor dies: its adopted ranks end too (a fresh supervisor restarts the
+        # job, on other processes), never training on beside the new ones.
+        os.kill(actor_pid(svc.ray_address, supervisor_name(job["id"])), signal.SIGKILL)
+        wait_until(lambda: not any(running(pid) for pid in idle), 30, "the adopted ranks to end")
+        done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", 150)
+        assert (done["step"], done["restarts"]) == (300, 1)
