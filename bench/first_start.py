@@ -51,10 +51,15 @@ def _seconds(iso_time: str) -> float:
 
 
 def run_to_end(
-    client: Client, job_id: str, submitted: float, poll_s: float = POLL_S
+    client: Client,
+    job_id: str,
+    submitted: float,
+    poll_s: float = POLL_S,
+    then_poll_s: float | None = None,
 ) -> tuple[dict[str, Any], float | None]:
     """Poll the job until it ends: (the ended job, seconds from `submitted`, a
-    time.monotonic() reading, until the API first showed step 1; None if it never did)."""
+    time.monotonic() reading, until the API first showed step 1; None if it never did).
+    Every `poll_s` until step 1 shows, then every `then_poll_s` (default `poll_s`)."""
     first_step_s = None
     while True:
         current = client.get(job_id)
@@ -62,7 +67,8 @@ def run_to_end(
             first_step_s = time.monotonic() - submitted
         if current["state"] in TERMINAL_STATES:
             return current, first_step_s
-        time.sleep(poll_s)
+        later = poll_s if then_poll_s is None else then_poll_s
+        time.sleep(poll_s if first_step_s is None else later)
 
 
 def main() -> None:

@@ -49,15 +49,27 @@ def late(step_times: list[float]) -> float:
     return median(step_times[len(step_times) // 2 :])
 
 
-def through_service(spec_path: Path) -> dict[str, Any]:
+# Once the first step shows, the job is polled as its page polls it: a poller at 10 Hz
+# for the whole run took 2% of a 2-core machine from the job it measured.
+THEN_POLL_S = 2.0
+
+
+def through_service(
+    spec_path: Path, server_src: Path | None = None, settle_s: float = 0.0
+) -> dict[str, Any]:
+    """The spec through `shardline serve` (of `server_src`: another checkout, if given),
+    submitted `settle_s` after the server answers (a warm service: its pool filled)."""
     with (
         tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
-        local_service(Path(state)) as svc,
+        local_service(Path(state), server_src=server_src) as svc,
         svc.client() as client,
     ):
+        time.sleep(settle_s)
         submitted = time.monotonic()
         job = client.submit(spec_path)
-        current, first_step_s = run_to_end(client, job["id"], submitted, poll_s=0.1)
+        current, first_step_s = run_to_end(
+            client, job["id"], submitted, poll_s=0.1, then_poll_s=THEN_POLL_S
+        )
         wall_s = time.monotonic() - submitted
         if current["state"] != "SUCCEEDED":
             raise RuntimeError(f"job ended {current['state']}: {current['failure_reason']}")

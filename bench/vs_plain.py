@@ -75,20 +75,24 @@ class PlainLoop:
         self.dtype = AUTOCAST_DTYPES.get(spec.precision)
         self.step = 0
 
-    def train_step(self) -> None:
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns its mean loss, on the device (not read back)."""
         self.step += 1
         rows = self.loader.train_batch(self.step).to(self.device)
         micro = self.spec.train.micro_batch_size
         n = rows.shape[0] // micro
+        total = torch.zeros((), device=self.device)
         for chunk in rows.split(micro):
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
                 logits = self.model(chunk[:, :-1])
                 loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten()) / n
             loss.backward()
+            total += loss.detach()
         if self.spec.train.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return total
 
 
 def measure(spec: JobSpec, logged: JobSpec, steps: int, rounds: int) -> dict[str, Any]:

@@ -1,20 +1,25 @@
 """The service's step against Ray Train's `TorchTrainer` training the same model, one run.
 
-    .venv/bin/python -m bench.vs_ray_train [SPEC.yaml]   (needs `pip install "ray[train]"`)
+    .venv/bin/python -m bench.vs_ray_train [SPEC.yaml] [--rounds N] [--settle-s S]
+        [--against OTHER_CHECKOUT ...]          (needs `pip install "ray[train]"`)
 
 - Ray Train: a `TorchTrainer` with one CPU worker per rank (its own local Ray cluster,
   gloo), each running what a user would write for it: the plain loop of
   `bench/vs_plain.py` (the same `Transformer`, AdamW, clipping and batches: the rank's
   data-parallel share) with the model wrapped by `ray.train.torch.prepare_model` (DDP),
-  timing each step and reporting the times once at the end.
-- The service: the same spec through `shardline serve` on its embedded defaults (rank 0's
-  own step times, as `bench.service_overhead` reads them).
+  reporting the loss with `ray.train.report` on the steps the service logs, and timing
+  each step with its report.
+- The service: the same spec through `shardline serve` on its embedded defaults (its
+  rank 0's metrics), submitted `--settle-s` after the server answers (a warm service:
+  its pool filled), polled as the page polls once the first step shows. `--against`
+  also runs the service from other checkouts (before and after a change, in one run).
 
-Prints one JSON line: each side's mean step over the second half of its run (once what
-starts beside the first steps is done; the service's by the time its logged steps ended,
-so unlogged steps count too) and their ratio, service over Ray Train. The default spec is
-pure data parallelism on 2 ranks (zero_stage 0: what DDP does), one micro-batch a rank,
-every step logged (the spec's default); `log_every` in a spec given changes that.
+Each round runs Ray Train, then the service from each checkout. One JSON line per service
+run: the second half's mean step by each side's clock (every step, logged or not; the
+service's: the time between its logged steps' ends over the steps between) and their
+ratio, service over Ray Train; the last line has each checkout's median ratio. The
+default spec is pure data parallelism on 2 ranks (zero_stage 0: what DDP does), one
+micro-batch a rank, logged every 50 steps, 1000 steps.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any, cast
 
 import yaml
 
-from bench.service_overhead import late, through_service
+from bench.service_overhead import through_service
 from workers.contract.spec import JobSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -41,11 +47,15 @@ SPEC: dict[str, Any] = {
     "parallel": {"dp": 2, "zero_stage": 0},
     "precision": "fp32",
     "train": {
-        "steps": 400,
+        # Long enough that the second half is steady: the job's warm spares start (at the
+        # lowest priority) once it trains, and on 2 cores take 20-30 s to import torch.
+        "steps": 1000,
         "global_batch_size": 8,
         "micro_batch_size": 4,
         "lr": 3e-3,
-        "log_every": 1,
+        # Both sides report on the same steps. Ray Train's report() waits for its
+        # controller, which takes one every 2 s: reporting every step held each step there.
+        "log_every": 50,
     },
 }
 
@@ -69,15 +79,19 @@ def ray_train_loop(config: dict[str, Any]) -> None:
     )
     loop.model = cast(Any, ray.train.torch.prepare_model(loop.model))
     step_times = []
-    for _ in range(spec.train.steps):
+    total = spec.train.steps
+    for step in range(1, total + 1):
         started = time.perf_counter()
-        loop.train_step()
+        loss = loop.train_step()
+        # Its metrics reported on the steps the service logs (the loss read back on each),
+        # as a user of Ray Train reports them: each step's time includes its report.
+        if step % spec.train.log_every == 0 or step in (1, total):
+            ray.train.report({"step": step, "loss": float(loss)})
         step_times.append(time.perf_counter() - started)
     # Ray Train keeps a report's metrics only with a checkpoint: rank 0 writes its times
     # where the driver reads them (one machine).
     if context.get_world_rank() == 0:
         Path(config["times_file"]).write_text(json.dumps(step_times))
-    ray.train.report({"steps": len(step_times)})
 
 
 def through_ray_train(spec: JobSpec) -> list[float]:
@@ -105,11 +119,43 @@ def through_ray_train(spec: JobSpec) -> list[float]:
     return step_times
 
 
+def service_row(
+    spec: JobSpec, spec_path: Path, ray_train_mean: float, src: Path | None, settle_s: float
+) -> dict[str, Any]:
+    service = through_service(spec_path, server_src=src, settle_s=settle_s)
+    service_mean = service["late_span_step_s"]
+    if service_mean is None:
+        raise RuntimeError("the service's metrics say no time: too few logged steps")
+    return {
+        "bench": "vs_ray_train",
+        "server_src": str(src) if src is not None else "this checkout",
+        "service_late_step_s": round(service_mean, 4),
+        "ray_train_late_step_s": round(ray_train_mean, 4),
+        "ratio": round(service_mean / ray_train_mean, 3),
+        "service_submit_to_first_step_s": round(service["submit_to_first_step_s"], 2),
+    }
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", nargs="?", type=Path, help="a job spec (default: SPEC here)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="also run the service from this checkout (before/after in one run); repeatable",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="Ray Train, then each service")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="seconds a service runs before the job is submitted (a warm service)",
+    )
     args = parser.parse_args()
+    ratios: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="shardline-bench-") as folder:
         if args.spec is not None:
             spec_path = args.spec
@@ -117,28 +163,24 @@ def main() -> None:
             spec_path = Path(folder) / "spec.yaml"
             spec_path.write_text(yaml.safe_dump(SPEC))
         spec = load_spec(spec_path)
-        ray_train = through_ray_train(spec)
-        service = through_service(spec_path)
-    # The second half's mean step by each side's clock: every step, logged or not.
-    half = ray_train[len(ray_train) // 2 :]
-    ray_train_mean = sum(half) / len(half)
-    service_mean = service["late_span_step_s"]
-    if service_mean is None:
-        raise RuntimeError("the service's metrics say no time: too few logged steps")
+        for _ in range(args.rounds):
+            ray_train = through_ray_train(spec)
+            # The second half's mean step by each side's clock: every step, logged or not.
+            half = ray_train[len(ray_train) // 2 :]
+            ray_train_mean = sum(half) / len(half)
+            for src in [None, *args.against]:
+                row = service_row(spec, spec_path, ray_train_mean, src, args.settle_s)
+                ratios.setdefault(row["server_src"], []).append(row["ratio"])
+                print(json.dumps(row), flush=True)
     print(
         json.dumps(
             {
                 "bench": "vs_ray_train",
                 "spec": spec.name,
                 "world_size": spec.parallel.world_size,
+                "steps": spec.train.steps,
                 "log_every": spec.train.log_every,
-                "service_late_step_s": round(service_mean, 4),
-                "ray_train_late_step_s": round(ray_train_mean, 4),
-                "ratio": round(service_mean / ray_train_mean, 3),
-                # Logged steps only (all of them where log_every is 1): median, each side.
-                "service_logged_step_median_s": round(service["late_step_time_s"], 4),
-                "ray_train_step_median_s": round(late(ray_train), 4),
-                "service_submit_to_first_step_s": round(service["submit_to_first_step_s"], 2),
+                "median_ratio": {src: round(median(r), 3) for src, r in ratios.items()},
             }
         )
     )

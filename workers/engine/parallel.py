@@ -51,6 +51,13 @@ class ParallelDims:
             dp=self.dp, zero_stage=self.effective_zero_stage, pp=self.pp, tp=self.tp
         )
 
+    @property
+    def grads_replicated(self) -> bool:
+        """Whether every rank holds the same whole gradients once the step has reduced
+        them: data parallelism alone, gradients unsharded (DDP, or ZeRO-1 on top of it).
+        Each rank's own norm is then the global one, and clipping needs no collective."""
+        return self.pp == 1 and self.tp == 1 and self.effective_zero_stage <= 1
+
     def describe(self) -> str:
         return f"pp={self.pp},dp={self.dp},tp={self.tp},zero={self.zero_stage}"
 

@@ -277,7 +277,9 @@ class Trainer:
             skipped = self.scaler.unscale_and_check(params)
         grad_norm = math.nan
         if not skipped:
-            alone = self.outer is not None  # a local SGD replica clips on its own
+            # A local SGD replica clips its own gradients; where every rank holds the
+            # same whole gradients, its own norm is the global one: no collective.
+            alone = self.outer is not None or self.dims.grads_replicated
             grad_norm = clip_grad_norm(
                 params,
                 self.spec.train.grad_clip or math.inf,

@@ -54,9 +54,7 @@ class WorkerGroup(RankCalls):
         *,
         worker_actor: Any,
     ) -> None:
-        self.job_id, self.spec = layout.job_id, spec
-        self.layout = layout
-        self.locations = locations
+        self.job_id, self.spec, self.layout, self.locations = layout.job_id, spec, layout, locations
         self.worker_actor = worker_actor  # the Ray actor class of one rank
         self.world_size = spec.parallel.world_size
         self.pg: PlacementGroup | None = None
@@ -289,6 +287,9 @@ class WorkerGroup(RankCalls):
 
     def release(self) -> None:
         """Kill the workers, give the placement group back, remove the snapshots."""
+        if self.pool_refill is not None:  # a short job: its successor finds the pool full
+            self.pool_refill = None
+            refill_pool()
         self.kill_workers()
         self.drop_placement()
         self.remove_snapshots()
