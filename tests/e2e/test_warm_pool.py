@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 import ray
 
+from api.client import TERMINAL_STATES
 from service.local_ray import LocalRay
 from tests.e2e.conftest import new_service, wait_for
 from tests.e2e.test_recovery import actor_pid, process_ids
 from tests.support.databases import fresh_database
-from workers.runtime.names import NAMESPACE, WARM_POOL_NAME, supervisor_name
+from workers.contract.data_access import DataAccess
+from workers.runtime.actors import WarmPoolActor
+from workers.runtime.names import HEAD_RESOURCE, NAMESPACE, WARM_POOL_NAME, supervisor_name
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,6 +49,15 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def no_pool() -> bool:
+    """Whether the pool's name is free (another test's pool, killed, frees it later)."""
+    try:
+        ray.kill(ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE))
+    except ValueError:
+        return True
+    return False
 
 
 def running(pid: int) -> bool:
@@ -97,3 +109,49 @@ def test_ranks_come_from_the_pool_and_die_with_their_supervisor(pool_on: Any) ->
         wait_until(lambda: not any(running(pid) for pid in idle), 30, "the adopted ranks to end")
         done = wait_for(c, job["id"], lambda j: j["state"] == "SUCCEEDED", 150)
         assert (done["step"], done["restarts"]) == (300, 1)
+
+
+def test_a_pooled_rank_reads_by_the_rules_of_the_service_that_runs_its_job(
+    ray_cluster: LocalRay, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A pool left running by an earlier control plane with other data roots (a folder
+    the corpus is not in) still hands out its workers; the ranks they become read by the
+    data rules of the service running the job, as fresh ranks would."""
+    elsewhere = tmp_path_factory.mktemp("the-earlier-roots")
+    corpus = tmp_path / "corpus.txt"  # tmp_path is this service's data root
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    body = {
+        "name": "pooled-reads",
+        "model": {"preset": "tiny", "seq_len": 32},
+        "data": {"source": "text", "path": str(corpus)},
+        "parallel": {"dp": 2},
+        "train": {"steps": 5, "global_batch_size": 2, "micro_batch_size": 1},
+        "fault_tolerance": {"max_failures": 0},
+    }
+    if not ray.is_initialized():
+        ray.init(address=ray_cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    wait_until(no_pool, 30, "an earlier test's pool to be gone")
+    earlier: Any = WarmPoolActor.options(
+        name=WARM_POOL_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        runtime_env={"env_vars": DataAccess.of([elsewhere], []).env_vars()},
+        resources={HEAD_RESOURCE: 0.001},
+    ).remote(2, 1800.0)
+    try:
+        wait_until(lambda: ray.get(earlier.counts.remote())["ready"] == 2, 120, "a warm pool")
+        with fresh_database("sqlite", tmp_path) as url:
+            svc = new_service(url, ray_cluster.address, tmp_path, warm_workers_per_node=2)
+            with svc.running() as server, svc.client(server) as c:
+                job = c.submit(body)
+                done = wait_for(c, job["id"], lambda j: j["state"] in TERMINAL_STATES, 150)
+                assert done["state"] == "SUCCEEDED", done["failure_reason"]
+                started = next(
+                    e
+                    for e in c.events(job["id"], after=0)
+                    if e["data"].get("kind") == "workers_started"
+                )
+                assert started["data"]["pooled_ranks"] == 2, started
+    finally:
+        with contextlib.suppress(Exception):  # gone already
+            ray.kill(earlier)

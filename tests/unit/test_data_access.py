@@ -127,3 +127,16 @@ def test_no_environment_means_no_restriction(
     monkeypatch.delenv(PRIVATE_ENV)
     tokens = load_corpus(text_spec(layout["outside"] / "passwd"))
     assert len(tokens) > 0
+
+
+def test_rules_installed_in_an_environment_replace_the_ones_there(tmp_path: Path) -> None:
+    """A pooled rank takes its supervisor's rules into an environment that holds another
+    control plane's: the roots go when the new rules have none."""
+    earlier = DataAccess.of([tmp_path / "a"], [tmp_path / "state-a"])
+    environ: dict[str, str] = {"PATH": "/bin", **earlier.env_vars()}
+    anywhere = DataAccess(None, (tmp_path.resolve() / "state-b",))
+    anywhere.install(environ)
+    assert DataAccess.from_env(environ) == anywhere
+    assert environ["PATH"] == "/bin"
+    earlier.install(environ)
+    assert DataAccess.from_env(environ) == earlier

@@ -257,6 +257,24 @@ def test_a_profile_goes_to_every_rank_of_a_running_job_only(tmp_path: Path) -> N
         sup.profile("p2", 3)
 
 
+def test_a_job_that_finished_training_refuses_faults_and_profiles_as_finished(
+    tmp_path: Path,
+) -> None:
+    """Between its ranks' end and SUCCEEDED a job is still RUNNING, its workers released:
+    asked then, it says it finished, not that its workers are being replaced."""
+    done = [status(0, WorkerPhase.DONE, 8), status(1, WorkerPhase.DONE, 8)]
+    workers = ScriptedWorkers([[training(), done]])
+    sup = make(tmp_path, workers)
+    sup._enter(sup.step())  # launch: RUNNING
+    sup._enter(sup.step())  # training
+    finishing = sup.step()  # the ranks are done; the supervisor has not said SUCCEEDED yet
+    assert sup.state == JobState.RUNNING and finishing.state == JobState.SUCCEEDED
+    with pytest.raises(FaultRefused, match="finished training"):
+        sup.inject_fault("kill", 0)
+    with pytest.raises(FaultRefused, match="finished training"):
+        sup.profile("p1", 3)
+
+
 def test_a_dead_rank_is_named_rather_than_the_peers_its_death_broke(tmp_path: Path) -> None:
     dead = status(1, WorkerPhase.FAILED, 4, error="its actor died: ActorDiedError", lost=True)
     broken = status(0, WorkerPhase.FAILED, 4, error="RuntimeError: Connection reset by peer")

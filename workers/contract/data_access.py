@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -53,6 +53,13 @@ class DataAccess:
         if self.roots is not None:
             out[ROOTS_ENV] = ",".join(map(str, self.roots))
         return out
+
+    def install(self, environ: MutableMapping[str, str] = os.environ) -> None:
+        """Make `from_env(environ)` return these rules: set their variables and remove
+        a roots variable these rules do not have (None: anywhere)."""
+        environ.update(self.env_vars())
+        if self.roots is None:
+            environ.pop(ROOTS_ENV, None)
 
     def refusal(self, real: Path) -> str | None:
         """Why the file at resolved path `real` may not be read, or None if it may."""

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from workers.contract.data_access import DataAccess
 from workers.runtime import priority
 from workers.runtime.worker import TrainingWorker
 from workers.storage.layout import CheckpointLocations, JobLayout
@@ -48,10 +49,16 @@ class PooledWorker(TrainingWorker):
         checkpoints: CheckpointLocations | None,
         cpus: float,
         supervisor: Any | None,
+        access: DataAccess | None = None,
     ) -> int:
-        """Become `rank` of the job (at normal priority); returns this process's id."""
+        """Become `rank` of the job (at normal priority), reading data by `access`, the
+        rules of the supervisor that adopts it (a fresh rank inherits them from its
+        environment; this process was started by the pool, whose environment is that of
+        whichever control plane created it); returns this process's id."""
         if self._adopted:
             raise RuntimeError("this pooled worker already holds a rank")
+        if access is not None:
+            access.install()
         TrainingWorker.__init__(self, layout, rank, world_size, spec_json, checkpoints, cpus)
         self._adopted = True
         if supervisor is not None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from workers.contract.data_access import DataAccess
 from workers.runtime.names import NAMESPACE, WARM_POOL_NAME
 
 log = logging.getLogger(__name__)
@@ -223,10 +224,13 @@ def adopt_ranks(nodes: dict[int, str], job: tuple[Any, ...]) -> dict[int, Any]:
     except Exception as err:
         log.warning("the warm pool did not answer (%s): fresh workers", type(err).__name__)
         return {}
+    access = DataAccess.from_env()  # this supervisor's rules: its ranks' too
     calls = {
         rank: (
             worker,
-            worker.adopt.remote(layout, rank, world_size, spec_json, locations, cpus, supervisor),
+            worker.adopt.remote(
+                layout, rank, world_size, spec_json, locations, cpus, supervisor, access
+            ),
         )
         for rank, worker in zip(nodes, workers, strict=True)
         if worker is not None

@@ -24,6 +24,7 @@ class ControlPlaneCalls:
     relay: ProgressRelay
     handling: FailureHandling
     recoveries: Recoveries
+    finished_training: bool
     _cancel: threading.Event
     _pause: threading.Event
     _thread: threading.Thread | None
@@ -81,4 +82,6 @@ class ControlPlaneCalls:
     def _running(self) -> Workers:  # to ask something of a RUNNING job's workers
         if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
             raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
+        if self.finished_training:  # still RUNNING while its end is recorded
+            raise FaultRefused("the job has finished training: its workers are gone")
         return self.workers

@@ -91,6 +91,7 @@ class JobSupervisor(ControlPlaneCalls):
         self.preemptions = Preemptions(workers, self.relay, self.recoveries)
         self._cancel = threading.Event()
         self._pause = threading.Event()
+        self.finished_training = False  # its ranks are done: RUNNING a moment longer
         self._thread: threading.Thread | None = None
 
     # -- the state machine -------------------------------------------------------------
@@ -233,6 +234,7 @@ class JobSupervisor(ControlPlaneCalls):
         return statuses
 
     def _finished(self, statuses: list[WorkerStatus]) -> Next:
+        self.finished_training = True
         self.relay.summary(statuses)
         self.workers.release()
         return Next(JobState.SUCCEEDED, "training finished")
