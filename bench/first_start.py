@@ -60,6 +60,7 @@ def run_to_end(
     """Poll the job until it ends: (the ended job, seconds from `submitted`, a
     time.monotonic() reading, until the API first showed step 1; None if it never did).
     Every `poll_s` until step 1 shows, then every `then_poll_s` (default `poll_s`)."""
+    then = poll_s if then_poll_s is None else then_poll_s
     first_step_s = None
     while True:
         current = client.get(job_id)
@@ -67,8 +68,7 @@ def run_to_end(
             first_step_s = time.monotonic() - submitted
         if current["state"] in TERMINAL_STATES:
             return current, first_step_s
-        later = poll_s if then_poll_s is None else then_poll_s
-        time.sleep(poll_s if first_step_s is None else later)
+        time.sleep(poll_s if first_step_s is None else then)
 
 
 def main() -> None:

@@ -47,8 +47,9 @@ SPEC: dict[str, Any] = {
     "parallel": {"dp": 2, "zero_stage": 0},
     "precision": "fp32",
     "train": {
-        # Long enough that the second half is steady: the job's warm spares start (at the
-        # lowest priority) once it trains, and on 2 cores take 20-30 s to import torch.
+        # Long enough that the second half is steadier: the job's warm spares and the
+        # pool's replacements start (at the lowest priority) once it trains, and on 2
+        # busy cores took 40 s and more to import torch.
         "steps": 1000,
         "global_batch_size": 8,
         "micro_batch_size": 4,

@@ -52,7 +52,8 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
 
 
 def no_pool() -> bool:
-    """Whether the pool's name is free (another test's pool, killed, frees it later)."""
+    """Whether the pool's name is free; kills a pool still holding it (another test's:
+    a killed actor frees its name a moment later)."""
     try:
         ray.kill(ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE))
     except ValueError:
