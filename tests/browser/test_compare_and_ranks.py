@@ -67,6 +67,12 @@ def record(store: JobStore, job_id: str, lr: float, slow: float) -> None:
                 # The slower run compresses nothing: 3 MiB of fp32 gradients a step (and
                 # says how many outer steps it took, as a local SGD job does).
                 **({"grad_bytes": 3 * 2**20, "outer_steps": s // 4} if slow > 1 else {}),
+                # The faster one says how stale its gradients were, as an async job does.
+                **(
+                    {"staleness_mean": 0.5, "staleness_max": 2, "stale_dropped": 1}
+                    if slow == 1
+                    else {}
+                ),
             },
             seq=s + 1,
         )
@@ -155,7 +161,12 @@ def test_the_ranks_panel_places_each_rank_and_shows_the_slow_one(
         expect(page.locator("#outer-steps")).to_have_text(
             "Local SGD: 3 outer steps (replicas averaged) by step 12."
         )
+        expect(page.locator("#staleness")).to_be_hidden()
         page.goto(f"{server.url}/#/jobs/{fast}")
+        expect(page.locator("#staleness")).to_have_text(
+            f"Async: gradients 0.50 steps stale on average, at most 2, by step {STEPS}; "
+            f"{STEPS} dropped as too stale in all."
+        )
         expect(page.locator("#ranks tbody tr")).to_have_count(2)
         expect(page.locator("#ranks tbody tr.slow")).to_have_count(0)
         expect(page.locator("#traffic-figure")).to_be_hidden()  # it logged none

@@ -197,3 +197,32 @@ def test_a_killed_local_sgd_replica_resumes_from_the_last_sync_with_every_step_o
         assert_each_step_once_like(c, job["id"], reference)
         assert c.metrics(job["id"])[-1]["outer_steps"] == STEPS // 4
         admin.close()
+
+
+# Async replicas: each rank serves a shard of the parameters and meets the others every
+# 4 steps, where the snapshots are.
+ASYNC: dict[str, Any] = {
+    **BODY,
+    "name": "e2e-faults-async",
+    "parallel": {"dp": 2, "dp_mode": "async"},
+    "train": {**BODY["train"], "log_every": 4},
+    "checkpoint": {"every_steps": 0, "memory_every_steps": 4},
+}
+
+
+def test_a_killed_parameter_server_and_its_replica_resume_from_the_last_meeting(
+    service: ServiceFactory,
+) -> None:
+    with service() as svc, svc.running() as server, svc.client(server) as c:
+        admin = admin_client(svc, server)
+        # Rank 1 is the actor that serves shard 1 of the parameters (and trains beside it).
+        job, done = faulted_to_success(c, admin, ASYNC, "kill", after_step=6)
+        assert done["restarts"] == 1, messages(c, job["id"])
+        restore = resumed(c, job["id"], tier="memory", after_at_least=4, lost_at_most=4)
+        assert restore["step"] % 4 == 0
+        metrics = c.metrics(job["id"])
+        # Every meeting logged once, each with all of its steps' batches pushed.
+        assert [m["step"] for m in metrics] == [1, *range(4, STEPS + 1, 4)]
+        assert [m["pushes"] for m in metrics] == [2, 6, *[8] * (STEPS // 4 - 1)]
+        assert metrics[-1]["loss"] < metrics[0]["loss"]
+        admin.close()

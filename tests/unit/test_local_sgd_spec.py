@@ -58,7 +58,7 @@ def test_a_local_sgd_job_takes_the_paper_defaults() -> None:
         ),
         ({"parallel": {"dp": 2, "local_sgd": {"sync_every": 4}}}, "set dp_mode: local_sgd"),
         ({"parallel": {**LOCAL_SGD, "local_sgd": {"sync_every": 1}}}, "greater than or equal"),
-        ({"parallel": {"dp": 2, "dp_mode": "async"}}, "'sync' or 'local_sgd'"),
+        ({"parallel": {"dp": 2, "dp_mode": "hogwild"}}, "'sync', 'local_sgd' or 'async'"),
     ],
 )
 def test_what_local_sgd_cannot_do_is_refused_with_the_fix(

@@ -6,6 +6,10 @@ job's optimizer (AdamW, the "inner" one), then the replicas average how far thei
 parameters moved since the last sync (the "delta", optionally sent in bf16) and an outer
 Nesterov SGD (`outer_lr`, `outer_momentum`) steps the shared parameters by it. A sync
 sends one model's worth of bytes per `sync_every` steps instead of one per step.
+`async` (workers/engine/async_dp.py) has no replica wait for another between rounds of
+`train.log_every` steps: each pushes its gradient to parameter-server shards and pulls the
+parameters back; a gradient more than `parallel.max_staleness` updates old is dropped or
+down-weighted (`parallel.staleness_policy`).
 
 What it does not take is refused here, each with the fix: only data parallelism at
 zero_stage 0 (ZeRO would shard a state each replica must hold whole; tensor and pipeline
@@ -28,6 +32,14 @@ from workers.contract.strict import _Strict
 class DataParallelMode(StrEnum):
     sync = "sync"
     local_sgd = "local_sgd"
+    asynchronous = "async"
+
+
+class StalenessPolicy(StrEnum):
+    """What `async` does with a gradient more than `parallel.max_staleness` updates old."""
+
+    drop = "drop"  # not applied (counted)
+    weight = "weight"  # applied, scaled by (1 + max_staleness) / (1 + staleness)
 
 
 class DeltaDtype(StrEnum):

@@ -138,6 +138,10 @@ def model_state_bytes(resolved: dict[str, Any], parallel: ParallelSpec) -> dict[
             # DiLoCo's anchors and outer momentum: two more fp32 copies of the parameters
             # (local SGD runs without pp, tp or ZeRO, so every rank holds them whole).
             held["optim"] += 2 * held["params"]
+        if parallel.dp_mode == DataParallelMode.asynchronous:
+            # The shard a rank serves (about 1/dp of the parameters): its fp32 masters and
+            # AdamW's two moments; the replica's own optimizer never steps.
+            held["optim"] = -(-3 * held["params"] // parallel.dp)
         return held
     ends = [_bytes_of(first + layers), _bytes_of(layers + last)]
     return {kind: max(end[kind] for end in ends) for kind in KINDS}

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from workers.contract.grad_compression import GradCompression, GradCompressionKind
-from workers.contract.local_sgd import DataParallelMode, LocalSgd
+from workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
 from workers.contract.presets import PRESETS, ffn_hidden_dim
 from workers.contract.strict import _Strict
 
@@ -158,6 +158,10 @@ class ParallelSpec(_Strict):
     # sync: gradients averaged every step; local_sgd: DiLoCo (workers/contract/local_sgd.py).
     dp_mode: DataParallelMode = DataParallelMode.sync
     local_sgd: LocalSgd = LocalSgd()
+    # async: a gradient computed on parameters more than this many updates old (of the
+    # shard it goes to) is dropped or down-weighted, as `staleness_policy` says.
+    max_staleness: Annotated[int, Field(ge=0, le=1_000_000)] = 16
+    staleness_policy: StalenessPolicy = StalenessPolicy.drop
     # The service chooses the layout at submit (the fastest the cost model predicts on the
     # ranks the cluster has free), within these bounds; `parallel: auto` is short for it.
     # The stored spec holds the chosen layout, with auto off.

@@ -82,10 +82,11 @@ class BatchLoader:
     def has_validation(self) -> bool:
         return len(self.val_tokens) > self.seq_len
 
-    def _rows(self, split: np.ndarray, stream: list[int]) -> torch.Tensor:
+    def _rows(self, split: np.ndarray, stream: list[int], slot: int | None = None) -> torch.Tensor:
         rng = np.random.default_rng(stream)
         offsets = rng.integers(0, len(split) - self.seq_len, size=self.global_batch_size)
-        mine = offsets[self.dp_rank * self.rows_per_rank : (self.dp_rank + 1) * self.rows_per_rank]
+        slot = self.dp_rank if slot is None else slot
+        mine = offsets[slot * self.rows_per_rank : (slot + 1) * self.rows_per_rank]
         rows = np.stack([split[o : o + self.seq_len + 1] for o in mine]).astype(np.int64)
         if rows.max(initial=0) >= self.vocab_size:
             # Never the id itself: it is a piece of the file, which may not be the user's.
@@ -102,6 +103,11 @@ class BatchLoader:
     def train_batch(self, step: int) -> torch.Tensor:
         """This rank's rows of the global batch of `step`: (rows, seq_len + 1) token ids."""
         return self._rows(self.train_tokens, [self.seed, self.batch_of(step)])
+
+    def slot_batch(self, step: int, slot: int) -> torch.Tensor:
+        """Data-parallel rank `slot`'s rows of step `step`'s global batch, whichever rank
+        trains them (asynchronous replicas take each slot of each step once)."""
+        return self._rows(self.train_tokens, [self.seed, self.batch_of(step)], slot)
 
     def val_batches(self) -> list[torch.Tensor]:
         """The fixed held-out batches, this rank's rows of each."""

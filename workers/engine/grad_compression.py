@@ -161,13 +161,13 @@ def grad_traffic(
     compression: GradCompression,
     dims: ParallelDims,
     micro_batches: int,
-    local_sgd: bool = False,
+    self_counted: bool = False,
 ) -> tuple[GradTraffic, PowerSgdProgress | None]:
     """How this rank's gradients travel in `dims`' layout: the count of their bytes, with
     any DDP hook registered, and the compression state a checkpoint holds.
     `micro_batches` is how many this rank runs a step."""
     bf16 = compression.kind == GradCompressionKind.bf16
-    if dims.dp == 1 or local_sgd:  # local SGD's syncs count their own bytes
+    if dims.dp == 1 or self_counted:  # local SGD's syncs and async pushes count their own
         return GradTraffic(), None
     if dims.effective_zero_stage >= 2:
         dtype = torch.bfloat16 if bf16 else torch.float32

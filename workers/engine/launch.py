@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,22 @@ class LocalCheckpoints:
         return CheckpointLocations(self.folder, restore, self.snapshot_folder)
 
 
+class SlowRank:
+    """A rank made `factor` times slower, as a slow node would be (the low-communication
+    bench): after each backward it sleeps `factor - 1` times the time it worked since the
+    last one (forward, backward, its optimizer step or push)."""
+
+    def __init__(self, rank: int, factor: float) -> None:
+        self.rank, self.factor = rank, factor
+        self._since: float | None = None
+
+    def __call__(self, step: int, modules: Any) -> None:
+        now = time.perf_counter()
+        if self._since is not None:
+            time.sleep((self.factor - 1) * (now - self._since))
+        self._since = time.perf_counter()
+
+
 def run_rank(
     rank: int,
     world_size: int,
@@ -54,6 +71,7 @@ def run_rank(
     report: Report,
     local_ranks: int,
     local: LocalCheckpoints = LocalCheckpoints(),
+    slow: SlowRank | None = None,
 ) -> None:
     """Body of one rank: join the world, train, report (rank 0), leave."""
     # Imported here so the parent and the spec stay free of torch until a rank starts.
@@ -86,6 +104,7 @@ def run_rank(
             on_metrics=sink,
             checkpoints=local.locations(),
             on_event=(lambda event: report("event", event.message)) if rank == 0 else None,
+            grad_hook=slow if slow is not None and slow.rank == rank else None,
         )
         stop_at = local.stop_after_step
         summary = trainer.train(
@@ -108,6 +127,7 @@ def _spawned_rank(
     events: mp.Queue,
     local: LocalCheckpoints,
     environ: dict[str, str],
+    slow: SlowRank | None,
 ) -> None:
     # Forked from the fork server, which has the environment of when it started: take the
     # caller's as it is now (data roots, cache folder, thread counts).
@@ -123,6 +143,7 @@ def _spawned_rank(
             lambda kind, payload: events.put((kind, payload)),
             world_size,
             local,
+            slow,
         )
     except BaseException as err:
         events.put(
@@ -163,8 +184,10 @@ def train_local(
     on_metrics: Callable[[dict[str, Any]], None] | None = None,
     local: LocalCheckpoints = LocalCheckpoints(),
     on_event: Callable[[str], None] | None = None,
+    slow: SlowRank | None = None,
 ) -> dict[str, Any]:
-    """Train `spec` on `nproc` local processes; returns rank 0's summary."""
+    """Train `spec` on `nproc` local processes; returns rank 0's summary. `slow` makes one
+    of them slower (benches)."""
     from workers.contract.net import free_port
 
     spec.check_world_size(nproc)
@@ -174,7 +197,7 @@ def train_local(
     procs = [
         ctx.Process(
             target=_spawned_rank,
-            args=(r, nproc, port, spec.model_dump_json(), events, local, dict(os.environ)),
+            args=(r, nproc, port, spec.model_dump_json(), events, local, dict(os.environ), slow),
             daemon=True,
         )
         for r in range(nproc)

@@ -124,7 +124,7 @@ class Optimizers:
         """
         out: dict[str, torch.Tensor] = {}
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            _ensure_state(opt.inner if isinstance(opt, ZeroOneOptimizer) else opt)
+            ensure_state(opt.inner if isinstance(opt, ZeroOneOptimizer) else opt)
             names = {id(p): model_name(n) for n, p in part.named_parameters()}
             if isinstance(opt, ZeroOneOptimizer):
                 out.update(opt.named_state(names))
@@ -142,7 +142,7 @@ class Optimizers:
 
 
 @torch.no_grad()
-def _ensure_state(opt: PartOptimizer) -> None:
+def ensure_state(opt: PartOptimizer) -> None:
     """Create Adam's state by a step that changes nothing (zero gradients, lr 0), then
     set its step count back to 0: the state is exactly that of an optimizer never stepped,
     ready to be loaded into."""

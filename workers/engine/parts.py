@@ -95,11 +95,12 @@ def build_model_parts(
             apply_compile(piece)
         if not sharded:
             materialise(piece, source=source, device=device)
-        # Local SGD's replicas train alone between syncs (workers/engine/local_sgd.py):
-        # nothing wraps them.
+        # Local SGD's replicas train alone between syncs (workers/engine/local_sgd.py), and
+        # async ones push to parameter servers (workers/engine/async_dp.py): nothing wraps
+        # them.
         module = (
             piece
-            if spec.parallel.dp_mode == DataParallelMode.local_sgd
+            if spec.parallel.dp_mode != DataParallelMode.sync
             else apply_data_parallel(
                 piece,
                 dp_mesh=mesh["dp"],

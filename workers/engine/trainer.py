@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from workers.contract.local_sgd import DataParallelMode
 from workers.contract.spec import JobSpec, Precision, spec_hash
 from workers.engine.accounting import MEMORY_KINDS, memory_held, peak_flops
+from workers.engine.async_dp import AsyncReplica
 from workers.engine.checkpoint.manager import CheckpointManager
 from workers.engine.checkpoint.state import ModelAndOptimizer, RngState
 from workers.engine.checkpoint.tier import CommitSink, EventSink
@@ -108,7 +109,7 @@ class Trainer:
             compression=spec.parallel.grad_compression,
             dims=self.dims,
             micro_batches=spec.accumulation_steps,
-            local_sgd=spec.parallel.dp_mode == DataParallelMode.local_sgd,
+            self_counted=spec.parallel.dp_mode != DataParallelMode.sync,
         )
         self.outer: OuterStep | None = None
         if spec.parallel.dp_mode == DataParallelMode.local_sgd:
@@ -140,6 +141,11 @@ class Trainer:
         self.val_batches = self.loader.val_batches() if self.loader.has_validation else []
         self.peak_flops = peak_flops(device)
         self.layout = f"{self.dims.describe()},{spec.precision.value}"
+        # Asynchronous replicas: this rank's parameter-server shard, served from step 0 or
+        # the step restored (workers/engine/async_dp.py).
+        self.async_dp: AsyncReplica | None = None
+        if spec.parallel.dp_mode == DataParallelMode.asynchronous:
+            self.async_dp = AsyncReplica(self, self._params)
         on_event = on_event or (lambda event: log.info("%s", event.message))
         where = checkpoints or CheckpointLocations()
         if where.save_url:  # batches this job skipped after a non-finite loss
@@ -152,6 +158,7 @@ class Trainer:
                 self.optimizers,
                 outer=self.outer,
                 replica=self.dp_mesh.get_local_rank(),
+                shard=self.async_dp.shard if self.async_dp is not None else None,
             ),
             small={
                 "scaler": self.scaler,
@@ -166,14 +173,22 @@ class Trainer:
             },
             on_event=on_event,
             on_commit=on_checkpoint,
-            snapshot_multiple_of=(
-                spec.parallel.local_sgd.sync_every
-                if spec.parallel.dp_mode == DataParallelMode.local_sgd
-                else 1
-            ),
+            snapshot_multiple_of=self._meeting_every(),
         )
         self.step = self.checkpoints.load() or 0  # the step restored after, or a fresh start
+        if self.async_dp is not None:
+            self.async_dp.start(self.step)
         self.vote = StopVote()  # train() fills in who asks to stop
+
+    def _meeting_every(self) -> int:
+        """Steps between the points where every replica holds the same parameters, where
+        snapshots may be taken: every step, a local SGD sync, an async meeting."""
+        par = self.spec.parallel
+        if par.dp_mode == DataParallelMode.local_sgd:
+            return par.local_sgd.sync_every
+        if par.dp_mode == DataParallelMode.asynchronous:
+            return self.spec.train.log_every
+        return 1
 
     @property
     def model(self) -> nn.Module:
@@ -199,7 +214,7 @@ class Trainer:
     def _pipeline_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale_loss(cross_entropy(output, targets))
 
-    def _forward_backward(self, rows: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, rows: torch.Tensor) -> torch.Tensor:
         """Forward and backward over this rank's rows; returns their mean loss (unscaled).
 
         On pipeline ranks without the last stage the returned loss is 0: the loss is
@@ -255,7 +270,7 @@ class Trainer:
         with clock.part("data"):
             rows = self.loader.train_batch(step).to(self.device)
         with clock.part(PIPELINE if self.pipeline is not None else "compute"):
-            local_loss = self._forward_backward(rows)
+            local_loss = self.forward_backward(rows)
         if self.dims.syncs_grads_after_backward:
             with clock.part("comm"):
                 all_reduce_grads(self._params, self.dp_mesh, self._reduce_dtype)
@@ -451,7 +466,7 @@ class Trainer:
         )
         self.vote = StopVote(should_stop, save_on_stop)
         while self.step < total and not self._stops_here():
-            metrics = self.train_step()
+            metrics = self.train_step() if self.async_dp is None else self._train_round()
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
@@ -464,7 +479,45 @@ class Trainer:
         if self.vote.save:
             self.checkpoints.save_on_stop(self.step)
         self.checkpoints.wait()
+        if self.async_dp is not None:
+            self.async_dp.close()
         return self._summary(last, step_times)
+
+    def _train_round(self) -> dict[str, Any]:
+        """Async: train up to the next logged step, where the replicas meet."""
+        assert self.async_dp is not None
+        steps_before = self.step
+        every, total = self.spec.train.log_every, self.spec.train.steps
+        last = 1 if self.step == 0 else min(total, (self.step // every + 1) * every)
+        metrics = self.async_dp.train_round(last, self.vote)
+        if not math.isfinite(metrics["loss"]):
+            raise NonFiniteLoss(last, metrics["loss"], self.loader.batch_of(last))
+        self.step = last
+        steps = last - steps_before
+        memory = memory_held(self._params, self.optimizers, self.async_dp.shard.tensors())
+        # A replica's gradients live from each backward until its push, not at a meeting:
+        # count the most it holds.
+        memory["grads"] = sum(p.nelement() * p.element_size() for p in self._params)
+        parts = self.clock.seconds()
+        self._logged_local = [
+            *(memory[kind] for kind in MEMORY_KINDS),
+            *(parts[part] / steps for part in PARTS),
+            metrics["step_time_s"],
+        ]
+        tr = self.spec.train
+        tokens_per_s = self.tokens_per_step / metrics["step_time_s"]
+        metrics.update(
+            lr=lr_at(
+                last,
+                lr=tr.lr,
+                min_lr=tr.min_lr,
+                warmup_steps=tr.warmup_steps,
+                total_steps=tr.steps,
+            ),
+            tokens_per_s=tokens_per_s,
+            mfu=self._mfu(tokens_per_s),
+        )
+        return metrics
 
     def _stops_here(self) -> bool:
         """The ranks agreed to stop, and may stop after this step: any step, or under local

@@ -247,6 +247,15 @@ export class JobPage {
       $("outer-steps").textContent = `Local SGD: ${outer.outer_steps} outer ` +
         `step${outer.outer_steps === 1 ? "" : "s"} (replicas averaged) by step ${outer.step}.`;
     }
+    // Async replicas: how stale the gradients the parameter servers took were.
+    const stale = this.metrics.findLast((r) => Number.isFinite(r.staleness_mean));
+    $("staleness").hidden = !stale;
+    if (stale) {
+      const dropped = this.metrics.reduce((n, r) => n + (r.stale_dropped ?? 0), 0);
+      $("staleness").textContent = `Async: gradients ${stale.staleness_mean.toFixed(2)} ` +
+        `steps stale on average, at most ${stale.staleness_max}, by step ${stale.step}; ` +
+        `${dropped} dropped as too stale in all.`;
+    }
     // The parent's steps before this job's own, where it has one (they never overlap).
     const first = this.metrics[0]?.step ?? Infinity;
     const before = (this.parent?.rows ?? []).filter((r) => r.step < first)

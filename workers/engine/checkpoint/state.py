@@ -10,6 +10,10 @@ outer momentum is `outer.<name>.momentum`. A local SGD replica that a local SGD 
 had restores its own; any other replica (one it did not have, or a job or checkpoint of
 another mode) restores replica 0's, and the outer momentum starts from zero where the
 checkpoint has none.
+
+Under async data parallelism (workers/engine/async_dp.py) the optimizer state lives in
+the parameter-server shards: each rank saves and loads the `optim.*` keys of the
+parameters it serves, so together the ranks hold every key once, as any layout does.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from workers.engine.async_dp import ParameterShard
 from workers.engine.local_sgd import OuterStep
 from workers.engine.optimizer import Optimizers
 from workers.engine.parts import ModelParts
@@ -51,11 +56,13 @@ class ModelAndOptimizer:
         *,
         outer: OuterStep | None = None,
         replica: int = 0,
+        shard: ParameterShard | None = None,
     ) -> None:
         self.parts = parts
         self.optimizers = optimizers
         self.outer = outer  # local SGD's outer step, if the job runs it
         self.replica = replica  # this rank's data-parallel replica
+        self.shard = shard  # async: the parameters this rank serves, with their AdamW
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         own = self.replica if self.outer is not None else 0
@@ -77,7 +84,8 @@ class ModelAndOptimizer:
                 assert isinstance(value, torch.Tensor), name  # the model holds only tensors
                 state[f"model.{name}"] = value
         prefix = f"replica{optim_replica}.optim." if optim_replica else "optim."
-        for name, value in self.optimizers.state_dict().items():
+        optim = self.shard if self.shard is not None else self.optimizers
+        for name, value in optim.state_dict().items():
             state[f"{prefix}{name}"] = value
         if outer and self.outer is not None:
             state.update(self.outer.state_dict())
