@@ -6,6 +6,7 @@ async and sync."""
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tests.dist.runs import tiny_spec
 from workers.contract.memory_model import model_state_bytes
 from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
+from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
 from workers.storage.layout import CheckpointLocations
@@ -100,3 +102,32 @@ def test_checkpoints_carry_the_optimizer_state_between_async_and_sync(tmp_path: 
         assert whole[0] == whole[1] != 0.0
         assert abs(sum(shards) - whole[0]) <= 1e-9 * abs(whole[0]), saved
         assert all(s != 0.0 for s in shards)
+
+
+def _one_rank_diverges(rank: int, world_size: int, device: torch.device) -> tuple[str, int]:
+    """Rank 1's third batch has a non-finite loss; what each rank raised, and for which
+    step."""
+    trainer = Trainer(spec_of("async"), world_size=world_size, device=device)
+    trained = trainer.forward_backward
+    batches = [0]
+
+    def diverging(rows: torch.Tensor) -> torch.Tensor:
+        batches[0] += 1
+        loss = trained(rows)
+        return loss * math.nan if rank == 1 and batches[0] == 3 else loss
+
+    trainer.forward_backward = diverging  # type: ignore[method-assign]
+    try:
+        trainer.train()
+    except NonFiniteLoss as err:
+        return type(err).__name__, err.step
+    return "trained on", trainer.step
+
+
+def test_a_non_finite_loss_on_one_replica_stops_every_replica_at_the_meeting() -> None:
+    """In sync every rank sees the step's loss; here only the replica that trained the
+    batch does, so the meeting tells the others, and all raise for the same step (the
+    supervisor's rollback then finds every rank stopped, none waiting in a push)."""
+    ours, theirs = on_ranks(_one_rank_diverges, 2, timeout_s=120)
+    assert ours == theirs
+    assert ours[0] == "NonFiniteLoss" and 2 <= ours[1] <= 4  # rank 1's third batch

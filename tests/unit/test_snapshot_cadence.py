@@ -75,3 +75,14 @@ def test_a_restored_run_waits_a_few_steps_for_its_first_snapshot() -> None:
     cadence = SnapshotCadence("auto", 0)
     cadence.restart_at(50)
     assert not cadence.due(51) and cadence.due(50 + FIRST_AFTER)
+
+
+def test_async_meetings_are_timed_as_rounds_and_their_interval_counted_in_steps() -> None:
+    """Under async the trainer saves once a round of 10 steps: a snapshot costing a tenth
+    of a round is one round's 2% budget 5 times over, so it is taken every 5 rounds (50
+    steps), not every 5 steps rounded up to a round (every round, 5x the budget)."""
+    cadence = SnapshotCadence("auto", 0, multiple_of=10, steps_per_call=10)
+    cadence.cost_s = 0.1
+    for _ in range(5):
+        cadence.step_timed(0, 1.0, None)  # one round: 1 s
+    assert cadence.proposal() == 50

@@ -20,8 +20,9 @@ replicas). Measured on real text in docs/benchmarks.md: with beta1 0.9 and the w
 learning rate the run ended far above sync's loss.
 
 The replicas meet only at a logged step (every `train.log_every` steps; the spec makes
-evaluation and checkpoints fall on them): every shard's parameters are broadcast so each
-rank holds the whole newest model, the loss and counts are summed, and the stop vote is
+evaluation and checkpoints fall on them): after a barrier (every replica's last push
+answered), every shard's parameters are broadcast so each rank holds the whole newest
+model, the loss and counts are summed, and the stop vote is
 taken. A checkpoint there saves the model as any layout does, and each shard's AdamW
 state as `optim.<name>.<key>` from the rank that serves it, so sync and async checkpoints
 restore into each other, on any number of replicas.
@@ -47,7 +48,6 @@ from workers.contract.local_sgd import StalenessPolicy
 from workers.contract.spec import JobSpec
 from workers.engine.data import BatchLoader
 from workers.engine.grad_clip import clip_grad_norm
-from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.optimizer import ensure_state, model_name
 from workers.engine.parts import ModelParts
 from workers.engine.schedule import lr_at
@@ -64,6 +64,7 @@ class Trainer(Protocol):
     clock: StepClock
     device: torch.device
     grad_hook: Callable[[int, list[torch.nn.Module]], None] | None
+    on_progress: Callable[[], None] | None
     step: int
 
     def forward_backward(self, rows: torch.Tensor) -> torch.Tensor: ...
@@ -73,7 +74,7 @@ log = logging.getLogger(__name__)
 
 # The messages between a replica and a shard's server, apart by tag.
 _REQUEST, _GRADIENT, _REPLY, _PARAMS = 1, 2, 3, 4
-_PUSH, _STOP = 0, 1
+_PUSH, _STOP, _SKIP = 0, 1, 2  # _SKIP: a batch whose loss was not finite, no gradient
 _HOST = torch.device("cpu")
 
 
@@ -173,7 +174,8 @@ class ParameterShard:
     def read(self, out: torch.Tensor) -> int:
         """Copy the newest parameters into `out` (flat); returns their version."""
         with self.lock:
-            torch.cat([m.reshape(-1) for m in self.masters], out=out)
+            if self.masters:  # a rank may serve nothing (more replicas than tensors)
+                torch.cat([m.reshape(-1) for m in self.masters], out=out)
             return self.version
 
     # -- checkpoints -------------------------------------------------------------------
@@ -194,6 +196,17 @@ class ParameterShard:
         with self.lock:
             for name, master in zip(self.names, self.masters, strict=True):
                 master.copy_(params[name])
+
+    def drop(self) -> None:
+        """Free the masters and AdamW's state: the world this shard served has failed."""
+        with self.lock:
+            self.masters = []
+            self.optimizer.state.clear()
+            self.optimizer.param_groups.clear()
+
+    def take_counts(self) -> list[float]:
+        with self.lock:
+            return self.counts.take()
 
     def tensors(self) -> list[torch.Tensor]:
         """What the shard holds beyond the model (for memory accounting)."""
@@ -227,6 +240,8 @@ class ShardServer:
         self.peers = peers
         self.tickets = tickets if dist.get_rank() == 0 else None
         self.sent = 0  # bytes of replies, read by the replica at a meeting
+        self.error: Exception | None = None
+        self.abandoned = False
         self.thread = threading.Thread(target=self._serve, name="shard-server", daemon=True)
         self.thread.start()
 
@@ -239,20 +254,25 @@ class ShardServer:
         try:
             while stopped < self.peers:
                 src = dist.recv(header, group=self.group, tag=_REQUEST)
+                if self.abandoned:  # its world failed while it waited: serve no more
+                    return
                 kind, pulled, step = (int(v) for v in header.tolist())
                 if kind == _STOP:
                     stopped += 1
                     continue
-                dist.recv(grad, src=src, group=self.group, tag=_GRADIENT)
-                self.shard.apply(grad.to(device), pulled=pulled, step=step)
+                if kind == _PUSH:
+                    dist.recv(grad, src=src, group=self.group, tag=_GRADIENT)
+                    self.shard.apply(grad.to(device), pulled=pulled, step=step)
                 version = self._read(params, device)
                 ticket = self.tickets.take() if self.tickets is not None else -1
                 reply = torch.tensor([version, ticket], dtype=torch.int64)
                 dist.send(reply, dst=src, group=self.group, tag=_REPLY)
                 dist.send(params, dst=src, group=self.group, tag=_PARAMS)
                 self.sent += params.nbytes + reply.nbytes
-        except Exception as err:  # the world failed: the trainer's own calls say so
-            log.warning("the parameter server of this rank stopped: %s", err)
+        except Exception as err:  # its trainer raises it at its next push or meeting
+            self.error = err
+            if not self.abandoned:
+                log.warning("the parameter server of this rank stopped: %s", err)
 
     def _read(self, out: torch.Tensor, device: torch.device) -> int:
         if device == _HOST:
@@ -331,7 +351,11 @@ class AsyncReplica:
             for params in self.shard_params
         ]
         self.versions = [0] * self.replicas
-        self.group = dist.new_group(backend="gloo")  # every rank, in the same order
+        # Every rank, in the same order: one group for the pushes, one (host-side, so no
+        # device stream waits on it) for the meetings.
+        self.group = dist.new_group(backend="gloo")
+        self.meet_group = dist.new_group(backend="gloo")
+        self.bad_step: int | None = None  # the first step of a non-finite loss this round
         self.tickets = Tickets(0)
         self.server: ShardServer | None = None
         self.outcome = RoundOutcome()
@@ -400,19 +424,25 @@ class AsyncReplica:
             over_world=False,
         )
         value = float(loss.item())  # pushed now anyway: no overlap is lost
-        if not math.isfinite(value):
-            raise NonFiniteLoss(step, value, trainer.loader.batch_of(step))
+        finite = math.isfinite(value)
+        if not finite:  # every rank hears of it at the meeting, and all raise together
+            self.bad_step = step if self.bad_step is None else min(self.bad_step, step)
         with trainer.clock.part("comm"):
-            ticket = self._push(step)
-        self.outcome.loss_sum += value
-        self.outcome.norm_sum += norm
+            ticket = self._push(step, finite)
+        if finite:
+            self.outcome.loss_sum += value
+            self.outcome.norm_sum += norm
         self.outcome.pushes += 1
+        if trainer.on_progress is not None:  # a heartbeat between meetings
+            trainer.on_progress()
         return ticket
 
     @torch.no_grad()
-    def _push(self, step: int) -> int:
-        """Send each shard its part of this rank's gradients, apply its own, take the
-        newest parameters back; returns the next ticket."""
+    def _push(self, step: int, finite: bool = True) -> int:
+        """Send each shard its part of this rank's gradients (none where the loss was not
+        finite), apply its own, take the newest parameters back; returns the next ticket."""
+        if self.server is not None and self.server.error is not None:
+            raise RuntimeError(f"this rank's parameter server failed: {self.server.error}")
         flats = [_flat_grads(params) for params in self.shard_params]
         for p in self.params:
             p.grad = None
@@ -422,19 +452,24 @@ class AsyncReplica:
         for k in range(self.replicas):
             if k == self.rank:
                 continue
-            header = torch.tensor([_PUSH, self.versions[k], step], dtype=torch.int64)
-            grad = flats[k].to(_HOST)
-            keep += [header, grad]
-            self.outcome.sent += header.nbytes + grad.nbytes
+            kind = _PUSH if finite else _SKIP
+            header = torch.tensor([kind, self.versions[k], step], dtype=torch.int64)
+            keep.append(header)
+            works.append(_started(dist.isend(header, dst=k, group=self.group, tag=_REQUEST)))
+            self.outcome.sent += header.nbytes
+            if finite:
+                grad = flats[k].to(_HOST)
+                keep.append(grad)
+                works.append(_started(dist.isend(grad, dst=k, group=self.group, tag=_GRADIENT)))
+                self.outcome.sent += grad.nbytes
             replies[k] = torch.zeros(2, dtype=torch.int64)
             # The replies are posted before any wait: a server never blocks on a replica.
             works += [
-                _started(dist.isend(header, dst=k, group=self.group, tag=_REQUEST)),
-                _started(dist.isend(grad, dst=k, group=self.group, tag=_GRADIENT)),
                 _started(dist.irecv(replies[k], src=k, group=self.group, tag=_REPLY)),
                 _started(dist.irecv(self.pulled[k], src=k, group=self.group, tag=_PARAMS)),
             ]
-        self.shard.apply(flats[self.rank], pulled=self.versions[self.rank], step=step)
+        if finite:
+            self.shard.apply(flats[self.rank], pulled=self.versions[self.rank], step=step)
         own = torch.empty(self.shard.numel, device=flats[self.rank].device)
         self.versions[self.rank] = self.shard.read(own)
         ticket = self.tickets.take() if self.rank == 0 else -1
@@ -462,48 +497,59 @@ class AsyncReplica:
 
     @torch.no_grad()
     def _meet(self, first: int, last: int) -> dict[str, Any]:
-        """Every rank takes every shard's newest parameters; the round's loss, norm, bytes
-        and staleness are summed over the world."""
-        trainer = self.trainer
-        device = trainer.device
-        with trainer.clock.part("comm"):
+        """Once every replica has pushed its last batch of the round (a barrier: a shard
+        read before that would miss late pushes), every rank takes every shard's newest
+        parameters, and the round's norm, bytes, staleness and any non-finite loss are
+        summed over the world; all on the host-side group."""
+        group = self.meet_group
+        with self.trainer.clock.part("comm"):
+            dist.barrier(group=group)
             for k in range(self.replicas):
-                flat = torch.empty(len(self.pulled[k]), device=device)
+                flat = torch.empty(len(self.pulled[k]), device=_HOST)
                 if k == self.rank:
                     self.shard.read(flat)
-                dist.broadcast(flat, src=k)
+                dist.broadcast(flat, src=k, group=group)
                 self._unflatten(k, flat)
-            versions = torch.tensor([self.shard.version], dtype=torch.int64, device=device)
+            versions = torch.tensor([self.shard.version], dtype=torch.int64)
             every = [torch.zeros_like(versions) for _ in range(self.replicas)]
-            dist.all_gather(every, versions)
+            dist.all_gather(every, versions, group=group)
             self.versions = [int(v) for v in torch.cat(every).tolist()]
-            served = self.server.sent if self.server is not None else 0
-            self.outcome.sent += served
-            if self.server is not None:
+            if self.server is not None:  # idle now: every push of the round was answered
+                self.outcome.sent += self.server.sent
                 self.server.sent = 0
-            counts = self.shard.counts.take()
+            counts = self.shard.take_counts()
             own = self.outcome
             sums = torch.tensor(
-                [own.norm_sum, own.pushes, own.sent, *counts[:-1]],
-                dtype=torch.float64,
-                device=device,
+                [own.norm_sum, own.pushes, own.sent, *counts[:-1]], dtype=torch.float64
             )
-            dist.all_reduce(sums)
-            worst = torch.tensor([counts[-1]], dtype=torch.float64, device=device)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            dist.all_reduce(sums, group=group)
+            bad = self.bad_step if self.bad_step is not None else math.inf
+            least = torch.tensor([-counts[-1], bad], dtype=torch.float64)
+            dist.all_reduce(least, op=dist.ReduceOp.MIN, group=group)  # max staleness too
+            self.bad_step = None
         norm_sum, pushes, sent, applied, dropped, weighted, stale_sum = sums.tolist()
         steps = last - first + 1
         received = applied + dropped
+        first_bad = float(least[1])
         return {
             "step": last,
             "grad_norm": norm_sum / max(pushes, 1),
             "pushes": int(pushes),
             "grad_bytes": round(sent / (steps * self.replicas)),
             "staleness_mean": stale_sum / max(received, 1),
-            "staleness_max": int(worst.item()),
+            "staleness_max": int(-least[0]),
             "stale_dropped": int(dropped),
             "stale_weighted": int(weighted),
+            "nonfinite_step": int(first_bad) if math.isfinite(first_bad) else None,
         }
+
+    def abandon(self) -> None:
+        """The world failed: this rank's server serves no more and frees its shard. (Its
+        thread may still wait in a receive from the failed world; it ends there, not
+        before.)"""
+        if self.server is not None:
+            self.server.abandoned = True
+        self.shard.drop()
 
     def close(self) -> None:
         """Tell every other rank's server that this replica is done; wait for this rank's

@@ -71,12 +71,14 @@ class Trainer:
         checkpoints: CheckpointLocations | None = None,
         on_event: EventSink | None = None,
         on_checkpoint: CommitSink | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         self.device = device
         self.on_metrics = on_metrics
         self.on_step = on_step
         self.grad_hook = grad_hook
+        self.on_progress = on_progress  # async: each push, between steps that end
         self.dims = ParallelDims.from_spec(spec.parallel, world_size)
         mesh = self.dims.build_mesh(device.type)
         self.dp_mesh, self.pp_mesh = mesh["dp"], mesh["pp"]
@@ -174,6 +176,8 @@ class Trainer:
             on_event=on_event,
             on_commit=on_checkpoint,
             snapshot_multiple_of=self._meeting_every(),
+            # Async calls save once a round: the snapshot budget is of a round's time.
+            steps_per_call=self.spec.train.log_every if self.async_dp is not None else 1,
         )
         self.step = self.checkpoints.load() or 0  # the step restored after, or a fresh start
         if self.async_dp is not None:
@@ -455,8 +459,6 @@ class Trainer:
         `should_stop(step)` as a step ends; then a checkpoint if any rank's `save_on_stop()`
         says so: workers/engine/step_outcome.py); returns the run summary."""
         total = self.spec.train.steps
-        step_times: list[float] = []
-        last: dict[str, Any] = {}
         log.info(
             "training %s for %d steps (%s) from step %d",
             self.spec.name,
@@ -465,6 +467,16 @@ class Trainer:
             self.step,
         )
         self.vote = StopVote(should_stop, save_on_stop)
+        try:
+            return self._train(total)
+        except BaseException:
+            if self.async_dp is not None:
+                self.async_dp.abandon()
+            raise
+
+    def _train(self, total: int) -> dict[str, Any]:
+        step_times: list[float] = []
+        last: dict[str, Any] = {}
         while self.step < total and not self._stops_here():
             metrics = self.train_step() if self.async_dp is None else self._train_round()
             step_times.append(metrics["step_time_s"])
@@ -490,8 +502,9 @@ class Trainer:
         every, total = self.spec.train.log_every, self.spec.train.steps
         last = 1 if self.step == 0 else min(total, (self.step // every + 1) * every)
         metrics = self.async_dp.train_round(last, self.vote)
-        if not math.isfinite(metrics["loss"]):
-            raise NonFiniteLoss(last, metrics["loss"], self.loader.batch_of(last))
+        bad = metrics.pop("nonfinite_step")
+        if bad is not None:  # known to every rank at the meeting: all raise
+            raise NonFiniteLoss(bad, math.nan, self.loader.batch_of(bad))
         self.step = last
         steps = last - steps_before
         memory = memory_held(self._params, self.optimizers, self.async_dp.shard.tensors())

@@ -169,6 +169,7 @@ class TrainingWorker:
                 device=device,
                 on_metrics=self._on_metrics,
                 on_step=self._on_step,
+                on_progress=self._heartbeat,
                 grad_hook=self._faults.during_step,
                 checkpoints=self.checkpoints,
                 on_event=self._on_event,
@@ -233,6 +234,11 @@ class TrainingWorker:
         self._profiler.after_step(step)
         with self._lock:
             self._step = step
+            self._last_progress = time.time()
+
+    def _heartbeat(self) -> None:
+        """Progress short of a finished step (an async push): not hung."""
+        with self._lock:
             self._last_progress = time.time()
 
     def _on_metrics(self, metrics: dict[str, Any]) -> None:

@@ -33,11 +33,19 @@ _COSTS = 3  # recent snapshots' costs, averaged
 class SnapshotCadence:
     """Which steps take a snapshot, for one run of the trainer."""
 
-    def __init__(self, every: int | Literal["auto"], start_step: int, multiple_of: int = 1) -> None:
+    def __init__(
+        self,
+        every: int | Literal["auto"],
+        start_step: int,
+        multiple_of: int = 1,
+        steps_per_call: int = 1,
+    ) -> None:
         """`multiple_of`: snapshots only at steps that are multiples of it (local SGD's
-        syncs, where replicas agree)."""
+        syncs, async meetings, where replicas agree); `steps_per_call`: the steps between
+        two save calls, which are what is timed (an async round's, not one step's)."""
         self.fixed = None if every == "auto" else every
         self.multiple_of = multiple_of
+        self.steps_per_call = steps_per_call
         self.next_due = start_step + FIRST_AFTER
         self.proposed: int | None = None  # agreed in the last snapshot, applied on join
         self._taken_at: int | None = None
@@ -72,9 +80,9 @@ class SnapshotCadence:
         """Rank 0's interval from the costs seen so far (the first guess before any)."""
         if self.cost_s is None or not self._plain:
             return FIRST_GUESS
-        budget = BUDGET * statistics.median(self._plain)
-        every = max(1, math.ceil(self.cost_s / budget - 1e-6)) if budget > 0 else MAX_EVERY
-        every = min(every, MAX_EVERY)
+        budget = BUDGET * statistics.median(self._plain)  # of one save call's time
+        calls = max(1, math.ceil(self.cost_s / budget - 1e-6)) if budget > 0 else MAX_EVERY
+        every = min(calls * self.steps_per_call, MAX_EVERY)
         return math.ceil(every / self.multiple_of) * self.multiple_of
 
     def taken(self, step: int) -> None:

@@ -50,11 +50,14 @@ class CheckpointManager:
         on_event: EventSink,
         on_commit: CommitSink | None = None,
         snapshot_multiple_of: int = 1,
+        steps_per_call: int = 1,
     ) -> None:
         """`tensors` and `small` are the registry of stateful parts; `info` (layout, spec
         hash, versions) goes into every manifest. Snapshots only at steps that are
         multiples of `snapshot_multiple_of` (local SGD's syncs)."""
-        self.cadence = SnapshotCadence(policy.memory_every_steps, 0, snapshot_multiple_of)
+        self.cadence = SnapshotCadence(
+            policy.memory_every_steps, 0, snapshot_multiple_of, steps_per_call
+        )
         self._mark: float | None = None  # when the last save call had joined its snapshot
         self._last_save: str | None = None  # what that call saved: "snapshot", "checkpoint"
         if policy.memory_every_steps == 0:  # no memory tier: nothing to restore from it
