@@ -1,9 +1,12 @@
 """A rank's process started before there is a job for it: the warm pool's worker.
 
 It starts at the lowest CPU priority and imports torch and the engine (about 1.5 s of a
-CPU rank's start), then waits. `adopt()` makes it one rank of a job, exactly as a
-`TrainingWorker` started for that rank would be (at normal priority), and from then on it
-is one: the worker group calls the same methods on it and kills it the same way.
+CPU rank's start) in a thread, so it can be adopted while it imports. `adopt()` raises it
+to normal priority, waits for the imports, and makes it one rank of a job, exactly as a
+`TrainingWorker` started for that rank would be; from then on it is one: the worker group
+calls the same methods on it and kills it the same way. A job that comes while the pool's
+replacements still import (jobs back to back) takes them, and what is left of their
+imports runs at the job's priority: before, it started fresh processes beside them.
 
 The pool owns its processes (Ray ends them with it), so a job's supervisor does not: a
 rank the supervisor started would die with the supervisor, and an adopted one must too, or
@@ -34,11 +37,14 @@ WATCH_TIMEOUT_S = 30.0
 
 class PooledWorker(TrainingWorker):
     def __init__(self) -> None:  # no job yet: TrainingWorker.__init__ runs in adopt()
-        self._background = priority.lower()
+        self._background = priority.lower()  # the import thread starts at this priority
         self._adopted = False
-        import torch  # noqa: F401  (what a rank's start spends its time on, done ahead)
+        self._imports = threading.Thread(target=_import_engine, name="imports", daemon=True)
+        self._imports.start()
 
-        import workers.engine.trainer  # noqa: F401
+    def imported(self) -> bool:
+        """Whether torch and the engine are imported (the pool's count of ready ones)."""
+        return not self._imports.is_alive()
 
     def adopt(
         self,
@@ -57,6 +63,8 @@ class PooledWorker(TrainingWorker):
         whichever control plane created it); returns this process's id."""
         if self._adopted:
             raise RuntimeError("this pooled worker already holds a rank")
+        priority.normal()  # every thread, the imports too, if they still run
+        self._imports.join()
         if access is not None:
             access.install()
         TrainingWorker.__init__(self, layout, rank, world_size, spec_json, checkpoints, cpus)
@@ -85,3 +93,10 @@ class PooledWorker(TrainingWorker):
                 os._exit(1)
             except Exception:  # slow, or unreachable for a moment: not a death
                 continue
+
+
+def _import_engine() -> None:
+    """What a rank's start spends its time on, done ahead."""
+    import torch  # noqa: F401
+
+    import workers.engine.trainer  # noqa: F401

@@ -5,9 +5,11 @@ One detached actor of the control plane (`WarmPoolActor`, named `WARM_POOL_NAME`
 `per_node` idle `PooledWorker`s on every alive node with CPUs. They reserve nothing: a
 job's placement group reserves its ranks' resources, as it does for warm spares. A job's
 worker group asks the pool for idle workers on its ranks' nodes (`take`), makes each one a
-rank (`adopt_ranks`) and starts fresh actors for the ranks it did not get. Only started
-workers are handed out: one still importing torch at the lowest priority, beside others,
-took longer to finish than a fresh actor (which imports at normal priority). The pool
+rank (`adopt_ranks`) and starts fresh actors for the ranks it did not get. A worker is
+handed out once its process is up, though it may still be importing torch: adopting it
+raises it to normal priority for the rest (workers/runtime/pooled_worker.py), which is
+never slower than a fresh actor's start. (Handing out ones whose imports kept the lowest
+priority, as once, took longer than fresh actors.) The pool
 starts replacements once every rank of the job has trained a step (`refill`, from the
 worker group's poll; `refill_after_s` after the take at the latest), at the lowest CPU
 priority: on 2 busy cores, replacements started beside a job's start delayed its first
