@@ -15,8 +15,8 @@ from typing import Annotated, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from workers.contract.dp_modes import async_problem, local_sgd_problem
 from workers.contract.grad_compression import GradCompressionKind
-from workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
 from workers.contract.sections import (
     INIT_FROM,
     MAX_GLOBAL_BATCH_TOKENS,
@@ -153,7 +153,7 @@ class JobSpec(_Strict):
                 "parallel.grad_compression.kind='powersgd' cannot take precision 'fp16': an "
                 "overflowed step would poison its error feedback; use bf16 or fp32"
             )
-        problem = _local_sgd_problem(self) or _async_problem(self)
+        problem = local_sgd_problem(self) or async_problem(self)
         if problem is not None:
             raise ValueError(problem)
         return self
@@ -191,111 +191,6 @@ class JobSpec(_Strict):
                 f"runs on {world_size} processes; make the product {world_size} or run "
                 f"{par.world_size} processes"
             )
-
-
-def _local_sgd_problem(spec: JobSpec) -> str | None:
-    """What a local_sgd spec asks for that the mode cannot do, with the fix; None if
-    nothing (or the job is not local_sgd)."""
-    par = spec.parallel
-    if par.dp_mode != DataParallelMode.local_sgd:
-        if par.local_sgd != LocalSgd():
-            return (
-                "parallel.local_sgd applies only to parallel.dp_mode 'local_sgd' (this is "
-                f"'{par.dp_mode.value}'); drop it or set dp_mode: local_sgd"
-            )
-        return None
-    if par.auto:
-        return "parallel.dp_mode 'local_sgd' needs a layout you choose: set auto: false and dp"
-    if par.dp < 2:
-        return "parallel.dp_mode 'local_sgd' needs parallel.dp >= 2 replicas to average"
-    if par.tp > 1 or par.pp > 1:
-        return (
-            "parallel.dp_mode 'local_sgd' runs data parallelism only (tensor and pipeline "
-            "parallelism inside a replica are not built): set tp: 1 and pp: 1"
-        )
-    if par.zero_stage > 0:
-        return (
-            "parallel.dp_mode 'local_sgd' needs parallel.zero_stage 0: each replica holds its "
-            "own optimizer state whole"
-        )
-    if par.grad_compression.kind.value != "none":
-        return (
-            "parallel.dp_mode 'local_sgd' sends no per-step gradients to compress: drop "
-            "parallel.grad_compression (local_sgd.delta_dtype: bf16 halves a sync's bytes)"
-        )
-    if spec.precision.value == "fp16":
-        return (
-            "parallel.dp_mode 'local_sgd' cannot take precision 'fp16' (each replica's loss "
-            "scaler would skip different steps); use bf16 or fp32"
-        )
-    if spec.fault_tolerance.elastic is not None:
-        return "parallel.dp_mode 'local_sgd' cannot be elastic yet: drop fault_tolerance.elastic"
-    every = par.local_sgd.sync_every
-    for field, value in (
-        ("checkpoint.every_steps", spec.checkpoint.every_steps),
-        ("checkpoint.memory_every_steps", spec.checkpoint.memory_every_steps),
-    ):
-        if value != "auto" and value % every:  # "auto" snapshots only at a sync
-            return (
-                f"{field}={value} is not a multiple of parallel.local_sgd.sync_every={every}: "
-                "replicas hold the same parameters only at a sync, where a checkpoint is "
-                f"taken; make it a multiple of {every}"
-            )
-    return None
-
-
-def _async_problem(spec: JobSpec) -> str | None:
-    """What an async spec asks for that the mode cannot do, with the fix; None if nothing
-    (or the job is not async). The replicas meet only every `train.log_every` steps."""
-    par = spec.parallel
-    if par.dp_mode != DataParallelMode.asynchronous:
-        if par.max_staleness != 16 or par.staleness_policy != StalenessPolicy.drop:
-            return (
-                "parallel.max_staleness and parallel.staleness_policy apply only to "
-                f"parallel.dp_mode 'async' (this is '{par.dp_mode.value}'); drop them or "
-                "set dp_mode: async"
-            )
-        return None
-    mode = "parallel.dp_mode 'async'"
-    if par.auto:
-        return f"{mode} needs a layout you choose: set auto: false and dp"
-    if par.dp < 2:
-        return f"{mode} needs parallel.dp >= 2 replicas"
-    if par.tp > 1 or par.pp > 1:
-        return (
-            f"{mode} runs data parallelism only (tensor and pipeline parallelism inside a "
-            "replica are not built): set tp: 1 and pp: 1"
-        )
-    if par.zero_stage > 0:
-        return (
-            f"{mode} needs parallel.zero_stage 0: the optimizer state is already sharded, "
-            "over the parameter servers"
-        )
-    if par.grad_compression.kind.value != "none":
-        return f"{mode} does not compress its pushes yet: drop parallel.grad_compression"
-    if spec.precision.value == "fp16":
-        return f"{mode} cannot take precision 'fp16' (no loss scaler is shared); use bf16 or fp32"
-    if spec.fault_tolerance.elastic is not None:
-        return f"{mode} cannot be elastic yet: drop fault_tolerance.elastic"
-    every = spec.train.log_every
-    if every < 2:
-        return (
-            f"{mode} meets the replicas at every logged step, and train.log_every=1 would "
-            "make every step a meeting (sync mode, slower): set train.log_every to the "
-            "steps between meetings, e.g. 50"
-        )
-    for field, value in (
-        ("checkpoint.every_steps", spec.checkpoint.every_steps),
-        ("checkpoint.memory_every_steps", spec.checkpoint.memory_every_steps),
-        ("train.eval_every", spec.train.eval_every),
-    ):
-        if value != "auto" and value % every:
-            return (
-                f"{field}={value} is not a multiple of train.log_every={every}: under async "
-                "the replicas meet (and the parameters are whole on every rank) only at a "
-                f"logged step; make it a multiple of {every}"
-            )
-    return None
 
 
 def spec_hash(spec: JobSpec) -> str:
