@@ -50,7 +50,6 @@ from workers.engine.data import BatchLoader
 from workers.engine.grad_clip import clip_grad_norm
 from workers.engine.optimizer import ensure_state, model_name
 from workers.engine.parts import ModelParts
-from workers.engine.schedule import lr_at
 from workers.engine.step_clock import StepClock
 from workers.engine.step_outcome import StopVote, agree
 
@@ -68,6 +67,7 @@ class Trainer(Protocol):
     step: int
 
     def forward_backward(self, rows: torch.Tensor) -> torch.Tensor: ...
+    def lr_at(self, step: int) -> float: ...
 
 
 log = logging.getLogger(__name__)
@@ -172,10 +172,15 @@ class ParameterShard:
 
     @torch.no_grad()
     def read(self, out: torch.Tensor) -> int:
-        """Copy the newest parameters into `out` (flat); returns their version."""
+        """Copy the newest parameters into `out` (flat, on any device: a GPU shard is sent
+        from host memory); returns their version."""
         with self.lock:
-            if self.masters:  # a rank may serve nothing (more replicas than tensors)
+            if not self.masters:  # a rank may serve nothing (more replicas than tensors)
+                return self.version
+            if out.device == self.masters[0].device:
                 torch.cat([m.reshape(-1) for m in self.masters], out=out)
+            else:
+                out.copy_(torch.cat([m.reshape(-1) for m in self.masters]))
             return self.version
 
     # -- checkpoints -------------------------------------------------------------------
@@ -263,7 +268,7 @@ class ShardServer:
                 if kind == _PUSH:
                     dist.recv(grad, src=src, group=self.group, tag=_GRADIENT)
                     self.shard.apply(grad.to(device), pulled=pulled, step=step)
-                version = self._read(params, device)
+                version = self.shard.read(params)
                 ticket = self.tickets.take() if self.tickets is not None else -1
                 reply = torch.tensor([version, ticket], dtype=torch.int64)
                 dist.send(reply, dst=src, group=self.group, tag=_REPLY)
@@ -273,14 +278,6 @@ class ShardServer:
             self.error = err
             if not self.abandoned:
                 log.warning("the parameter server of this rank stopped: %s", err)
-
-    def _read(self, out: torch.Tensor, device: torch.device) -> int:
-        if device == _HOST:
-            return self.shard.read(out)
-        staged = torch.empty(self.shard.numel, device=device)
-        version = self.shard.read(staged)
-        out.copy_(staged)
-        return version
 
     def join(self, timeout_s: float) -> None:
         self.thread.join(timeout_s)
@@ -331,16 +328,7 @@ class AsyncReplica:
         tr = spec.train
         self.shard = ParameterShard(
             [item for item, k in zip(named, owner, strict=True) if k == self.rank],
-            lr=lambda step: (
-                lr_at(
-                    step,
-                    lr=tr.lr,
-                    min_lr=tr.min_lr,
-                    warmup_steps=tr.warmup_steps,
-                    total_steps=tr.steps,
-                )
-                / self.replicas
-            ),
+            lr=lambda step: trainer.lr_at(step) / self.replicas,
             weight_decay=tr.weight_decay,
             max_staleness=spec.parallel.max_staleness,
             policy=spec.parallel.staleness_policy,
@@ -470,8 +458,7 @@ class AsyncReplica:
             ]
         if finite:
             self.shard.apply(flats[self.rank], pulled=self.versions[self.rank], step=step)
-        own = torch.empty(self.shard.numel, device=flats[self.rank].device)
-        self.versions[self.rank] = self.shard.read(own)
+        self.versions[self.rank] = self.shard.read(self.pulled[self.rank])
         ticket = self.tickets.take() if self.rank == 0 else -1
         for work in works:
             work.wait()
@@ -480,7 +467,7 @@ class AsyncReplica:
             if k == 0:
                 ticket = int(reply[1])
         for k in range(self.replicas):
-            self._unflatten(k, own if k == self.rank else self.pulled[k])
+            self._unflatten(k, self.pulled[k])
         return ticket
 
     def _unflatten(self, shard: int, flat: torch.Tensor) -> None:
@@ -505,11 +492,10 @@ class AsyncReplica:
         with self.trainer.clock.part("comm"):
             dist.barrier(group=group)
             for k in range(self.replicas):
-                flat = torch.empty(len(self.pulled[k]), device=_HOST)
                 if k == self.rank:
-                    self.shard.read(flat)
-                dist.broadcast(flat, src=k, group=group)
-                self._unflatten(k, flat)
+                    self.shard.read(self.pulled[k])
+                dist.broadcast(self.pulled[k], src=k, group=group)
+                self._unflatten(k, self.pulled[k])
             versions = torch.tensor([self.shard.version], dtype=torch.int64)
             every = [torch.zeros_like(versions) for _ in range(self.replicas)]
             dist.all_gather(every, versions, group=group)

@@ -184,6 +184,17 @@ class Trainer:
             self.async_dp.start(self.step)
         self.vote = StopVote()  # train() fills in who asks to stop
 
+    def lr_at(self, step: int) -> float:
+        """The schedule's learning rate at `step` (a function of the step alone)."""
+        tr = self.spec.train
+        return lr_at(
+            step,
+            lr=tr.lr,
+            min_lr=tr.min_lr,
+            warmup_steps=tr.warmup_steps,
+            total_steps=tr.steps,
+        )
+
     def _meeting_every(self) -> int:
         """Steps between the points where every replica holds the same parameters, where
         snapshots may be taken: every step, a local SGD sync, an async meeting."""
@@ -283,13 +294,7 @@ class Trainer:
 
         with clock.part("compute"):
             params = self._params
-            lr = lr_at(
-                step,
-                lr=self.spec.train.lr,
-                min_lr=self.spec.train.min_lr,
-                warmup_steps=self.spec.train.warmup_steps,
-                total_steps=self.spec.train.steps,
-            )
+            lr = self.lr_at(step)
             self.optimizers.set_lr(lr)
             if self.dims.tp > 1:  # only tensor parallel leaves partial sums
                 settle_partial_grads(params)
@@ -517,16 +522,9 @@ class Trainer:
             *(parts[part] / steps for part in PARTS),
             metrics["step_time_s"],
         ]
-        tr = self.spec.train
         tokens_per_s = self.tokens_per_step / metrics["step_time_s"]
         metrics.update(
-            lr=lr_at(
-                last,
-                lr=tr.lr,
-                min_lr=tr.min_lr,
-                warmup_steps=tr.warmup_steps,
-                total_steps=tr.steps,
-            ),
+            lr=self.lr_at(last),
             tokens_per_s=tokens_per_s,
             mfu=self._mfu(tokens_per_s),
         )
