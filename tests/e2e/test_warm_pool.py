@@ -17,6 +17,7 @@ import ray
 from api.client import TERMINAL_STATES
 from service.local_ray import LocalRay
 from tests.e2e.conftest import new_service, wait_for
+from tests.e2e.test_faults import admin_client
 from tests.e2e.test_recovery import actor_pid, process_ids
 from tests.support.databases import fresh_database
 from workers.contract.data_access import DataAccess
@@ -72,15 +73,16 @@ def running(pid: int) -> bool:
 @pytest.fixture
 def pool_on(ray_cluster: LocalRay, tmp_path: Path) -> Iterator[Any]:
     """A service with two warm workers per node; the pool is removed afterwards (it is
-    detached: it would outlive this test's service on the shared cluster)."""
+    detached: it would outlive this test's service on the shared cluster, its workers
+    importing torch beside the next tests' jobs)."""
     with fresh_database("sqlite", tmp_path) as url:
         svc = new_service(url, ray_cluster.address, tmp_path, warm_workers_per_node=2)
         try:
             yield svc
         finally:
-            if ray.is_initialized():
-                with contextlib.suppress(ValueError):  # gone already
-                    ray.kill(ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE))
+            if not ray.is_initialized():  # the service's stop shut this driver's Ray down
+                ray.init(address=ray_cluster.address, namespace=NAMESPACE, log_to_driver=False)
+            wait_until(no_pool, 30, "the warm pool to be gone")
 
 
 def test_ranks_come_from_the_pool_and_die_with_their_supervisor(pool_on: Any) -> None:
@@ -156,3 +158,50 @@ def test_a_pooled_rank_reads_by_the_rules_of_the_service_that_runs_its_job(
     finally:
         with contextlib.suppress(Exception):  # gone already
             ray.kill(earlier)
+
+
+def test_a_job_that_ended_gives_its_ranks_back_and_the_next_trains_alike_in_them(
+    pool_on: Any,
+) -> None:
+    """A job that ends cleanly gives the pool back its ranks: the next job adopts those very
+    processes (nothing left to import) and trains to the same losses as the first, its
+    log lines in its own files only. A failed job's ranks are not given back."""
+    svc = pool_on
+    body = {**BODY, "name": "recycled", "train": {**BODY["train"], "steps": 6, "log_every": 1}}
+    with svc.running() as server, svc.client(server) as c:
+        if not ray.is_initialized():
+            ray.init(address=svc.ray_address, namespace=NAMESPACE, log_to_driver=False)
+        pool: Any = ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE)
+        wait_until(lambda: ray.get(pool.counts.remote())["ready"] == 2, 120, "a warm pool")
+
+        runs: list[tuple[dict[str, Any], set[int], list[float]]] = []
+        for _ in range(2):
+            job = c.submit(body)
+            done = wait_for(c, job["id"], lambda j: j["state"] in TERMINAL_STATES, 120)
+            assert done["state"] == "SUCCEEDED", done["failure_reason"]
+            pids = {process_ids(c, job["id"], rank)[0] for rank in (0, 1)}
+            losses = [m["loss"] for m in c.metrics(job["id"])]
+            runs.append((job, pids, losses))
+            # Back in the pool, first in line (the pool keeps 2 per node: the
+            # replacements it had started are stopped).
+            assert idle_pids(pool) == pids
+        (first, first_pids, first_losses), (second, second_pids, second_losses) = runs
+        assert second_pids == first_pids
+        assert len(first_losses) == 6 and second_losses == first_losses
+        for rank in (0, 1):  # neither job's rank logs went into the other's files
+            assert not c.logs(first["id"], rank=rank, tail=1000, contains=second["id"])
+            assert not c.logs(second["id"], rank=rank, tail=1000, contains=first["id"])
+            said = c.logs(first["id"], rank=rank, tail=1000, contains="back to the warm pool")
+            assert len(said) == 1, said
+
+        # A job whose rank fails keeps nothing of it in the pool: the failed process ends.
+        failing = {**BODY, "name": "fails", "fault_tolerance": {"max_failures": 0}}
+        job = c.submit(failing)
+        wait_for(c, job["id"], lambda j: j["step"] >= 1, 90)
+        with admin_client(svc, server) as admin:
+            admin.inject_fault(job["id"], "raise", rank=1)
+        done = wait_for(c, job["id"], lambda j: j["state"] in TERMINAL_STATES, 120)
+        assert done["state"] == "FAILED"
+        failed_pid = process_ids(c, job["id"], 1)[0]
+        wait_until(lambda: not running(failed_pid), 30, "the failed rank to end")
+        assert failed_pid not in idle_pids(pool)

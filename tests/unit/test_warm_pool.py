@@ -18,7 +18,7 @@ class FakePool(WarmPool):
         super().__init__(per_node, idle_s, clock=lambda: self.now, tick_s=None)
 
     def _start(self, node: str) -> Idle:
-        entry = Idle(node, len(self.started), None)
+        entry = Idle(node, len(self.started), "its start")
         self.started.append(entry)
         self.state[entry.actor] = Readiness.STARTING
         return entry
@@ -109,3 +109,33 @@ def test_configure_resizes_and_zero_empties_it() -> None:
     pool.close()
     pool.configure(2, 60.0)  # closed: stays empty
     assert pool.idle == []
+
+
+def test_workers_given_back_go_first_in_line_and_the_newest_are_stopped() -> None:
+    pool = FakePool(2, 60.0, {"a"})
+    pool.maintain()
+    taken = pool.take(["a", "a"])  # none started yet: nothing handed out
+    assert taken == [None, None]
+    pool.all_ready()
+    held = pool.take(["a", "a"])
+    pool.refill()  # the job trains: two replacements start
+    assert [e.actor for e in pool.idle] == [2, 3]
+    pool.give_back([("a", held[0]), ("a", held[1])])  # its job ended cleanly
+    # Those given back are ready at once and kept; the replacements still starting go.
+    assert [e.actor for e in pool.idle] == held and pool.stopped == [2, 3]
+    assert pool.counts()["ready"] == 2
+    assert pool.take(["a"]) == [held[0]]
+
+
+def test_workers_given_back_to_a_full_or_resting_pool_are_stopped() -> None:
+    pool = FakePool(1, 60.0, {"a"})
+    pool.maintain()
+    pool.all_ready()
+    (held,) = pool.take(["a"])
+    pool.refill()
+    pool.all_ready()
+    pool.give_back([("a", held), ("a", 99)])  # more than the node keeps: the rest stop
+    assert [e.actor for e in pool.idle] == [held] and pool.stopped == [99, 1]
+    pool.now += 61.0  # resting: anything given back stops, nothing starts
+    pool.give_back([("b", 7)])
+    assert pool.idle == [] and set(pool.stopped[-2:]) == {held, 7}

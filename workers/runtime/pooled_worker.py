@@ -12,18 +12,28 @@ The pool owns its processes (Ray ends them with it), so a job's supervisor does 
 rank the supervisor started would die with the supervisor, and an adopted one must too, or
 it would train on beside the next supervisor's ranks. So an adopted worker watches the
 supervisor that adopted it and ends its process once Ray says that actor died.
+
+A rank whose job ended cleanly (it finished or was stopped, left its world, and saves
+nothing) goes back to the pool (`recycle()`): the next job adopts a process that imported
+everything long ago, instead of one that may still be importing. It keeps nothing of the
+job: its rank's state is built again by the next `adopt()`, the job's log file is let go,
+and the model, optimizer and process group are gone. A rank that failed, or is still in
+a world, is never recycled: the worker group kills it as before.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import sys
 import threading
-import time
 from typing import Any
 
 from workers.contract.data_access import DataAccess
+from workers.contract.status import WorkerPhase
 from workers.runtime import priority
+from workers.runtime.rank_process import empty_device_cache
 from workers.runtime.worker import TrainingWorker
 from workers.storage.layout import CheckpointLocations, JobLayout
 
@@ -39,6 +49,7 @@ class PooledWorker(TrainingWorker):
     def __init__(self) -> None:  # no job yet: TrainingWorker.__init__ runs in adopt()
         self._background = priority.lower()  # the import thread starts at this priority
         self._adopted = False
+        self._watching: threading.Event | None = None  # set: stop watching the supervisor
         self._imports = threading.Thread(target=_import_engine, name="imports", daemon=True)
         self._imports.start()
 
@@ -70,20 +81,54 @@ class PooledWorker(TrainingWorker):
         TrainingWorker.__init__(self, layout, rank, world_size, spec_json, checkpoints, cpus)
         self._adopted = True
         if supervisor is not None:
+            self._watching = threading.Event()
             threading.Thread(
-                target=self._watch, args=(supervisor,), name="watch-supervisor", daemon=True
+                target=self._watch,
+                args=(supervisor, self._watching),
+                name="watch-supervisor",
+                daemon=True,
             ).start()
         log.info("job %s: a pooled worker became rank %d", layout.job_id, rank)
         return os.getpid()
 
-    def _watch(self, supervisor: Any) -> None:
+    def recycle(self) -> bool:
+        """Stop being the job's rank and be an idle pooled worker again, if this rank may
+        be reused: its training ended cleanly (or never started), it left its world, and
+        no save of it is in flight. Whether it was; where not, nothing changed."""
+        import torch.distributed as dist
+
+        if not self._adopted:
+            return False
+        if self._thread is not None and self._thread.is_alive():
+            return False  # still training, or still leaving its world
+        clean = self._phase in (WorkerPhase.IDLE, WorkerPhase.DONE, WorkerPhase.STOPPED)
+        saving = self._trainer is not None and self._trainer.checkpoints.in_flight()
+        if not clean or self._error is not None or saving or self._saves or dist.is_initialized():
+            return False
+        if self._watching is not None:
+            self._watching.set()  # the supervisor ends with the job: no death of ours
+            self._watching = None
+        log.info("job %s: rank %d goes back to the warm pool", self.job_id, self.rank)
+        logging.getLogger().removeHandler(self._log_handler)  # the job's own log file
+        self._log_handler.close()
+        self._trainer = None
+        self._thread = None
+        self._adopted = False
+        if "torch._dynamo" in sys.modules:  # compiled blocks: the next job compiles its own
+            sys.modules["torch._dynamo"].reset()
+        gc.collect()  # the model's modules and hooks hold one another in cycles
+        empty_device_cache()
+        return True
+
+    def _watch(self, supervisor: Any, recycled: threading.Event) -> None:
         import ray
 
-        while True:
-            time.sleep(WATCH_EVERY_S)
+        while not recycled.wait(WATCH_EVERY_S):
             try:
                 ray.get(supervisor.__ray_ready__.remote(), timeout=WATCH_TIMEOUT_S)
             except ray.exceptions.ActorDiedError:
+                if recycled.is_set():  # its job ended cleanly meanwhile
+                    return
                 log.error(
                     "job %s: the supervisor that adopted rank %d is gone; the rank ends, "
                     "as a rank it started would",

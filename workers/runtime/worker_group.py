@@ -2,8 +2,7 @@
 
 Ranks are ordered by node so that neighbouring ranks (a tensor-parallel group, tp being the
 fastest-varying mesh dim) share a node. The worker actor class is handed in (see
-workers/runtime/actors.py), so this module imports no actor and no supervisor.
-"""
+workers/runtime/actors.py), so this module imports no actor and no supervisor."""
 
 from __future__ import annotations
 
@@ -27,11 +26,11 @@ from workers.contract.status import WorkerStatus
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.placement.node_health import alive_nodes, free_outside
+from workers.runtime.pool_lending import adopt_ranks, refill_pool, return_to_pool
 from workers.runtime.rank_calls import RankCalls
 from workers.runtime.snapshot_cleanup import remove_snapshots_on
 from workers.runtime.spares import PastFirstStep, WarmSpares, kill_and_confirm
 from workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
-from workers.runtime.warm_pool import adopt_ranks, refill_pool
 from workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
@@ -68,6 +67,7 @@ class WorkerGroup(RankCalls):
         self.warm_start = False  # whether the last start() ran on warm spares
         self.pooled_ranks = 0  # how many ranks it took from the warm pool
         self.pool_refill: PastFirstStep | None = None  # when to tell the pool to refill
+        self.from_pool: dict[Any, str] = {}  # the pool's workers it adopted -> their nodes
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -224,6 +224,7 @@ class WorkerGroup(RankCalls):
         if not spare:
             self.pooled_ranks = len(pooled)
             self.pool_refill = PastFirstStep() if pooled else None
+            self.from_pool.update({a: self.node_of_rank[r] for r, a in pooled.items()})
         return [
             pooled.get(rank)
             or self.worker_actor.options(
@@ -259,18 +260,14 @@ class WorkerGroup(RankCalls):
         statuses: list[WorkerStatus] = []
         for rank, ref in enumerate(refs):
             if ref not in done:
-                statuses.append(
-                    WorkerStatus.lost_rank(
-                        rank, f"did not answer a poll in {timeout_s:.0f}s (hung or stopped)"
-                    )
-                )
+                why = f"did not answer a poll in {timeout_s:.0f}s (hung or stopped)"
+                statuses.append(WorkerStatus.lost_rank(rank, why))
                 continue
             try:
                 statuses.append(ray.get(ref))
             except ray.exceptions.RayActorError as err:
-                statuses.append(
-                    WorkerStatus.lost_rank(rank, f"its actor died: {type(err).__name__}")
-                )
+                why = f"its actor died: {type(err).__name__}"
+                statuses.append(WorkerStatus.lost_rank(rank, why))
         if self.spares.due(statuses):
             self.make_spares()
         if self.pool_refill is not None and self.pool_refill.passed(statuses):
@@ -286,7 +283,10 @@ class WorkerGroup(RankCalls):
         self.actors = []
 
     def release(self) -> None:
-        """Kill the workers, give the placement group back, remove the snapshots."""
+        """Give the warm pool back the ranks it lent that ended cleanly, kill the other
+        workers, give the placement group back, remove the snapshots."""
+        self.actors = return_to_pool(self.actors, self.from_pool)  # those it did not take
+        self.from_pool.clear()
         if self.pool_refill is not None:  # a short job: its successor finds the pool full
             self.pool_refill = None
             refill_pool()
