@@ -23,6 +23,7 @@ from service.db import Database
 from service.job_views import JobViews
 from service.quotas import UserQuotas
 from service.rates import Calibration, RatesBook
+from service.read_cache import ReadCache
 from service.runtime import NoRuntime, Runtime
 from service.store import JobStore
 from service.users import UserDirectory
@@ -61,6 +62,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
     app.state.rate_limit = TokenBuckets(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.read_cache = ReadCache(settings.read_cache_s)
     app.state.auth_failures = TokenBuckets(
         settings.auth_failures_per_s, settings.auth_failures_burst
     )

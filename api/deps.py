@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Annotated, Generic, TypeVar
 
@@ -17,6 +17,7 @@ from service.config import Settings
 from service.db import Database
 from service.job_views import JobViews
 from service.principal import Principal
+from service.read_cache import ReadCache, commits
 from service.runtime import Runtime
 from service.store import JobStore
 from service.users import UserDirectory, hash_token
@@ -107,8 +108,29 @@ async def get_current_user(
     request: Request, caller: Annotated[Caller, Depends(get_caller)]
 ) -> Principal:
     users: UserDirectory = request.app.state.users
-    user = await run_in_threadpool(users.authenticate_hash, caller.token_hash)
+    cache: ReadCache = request.app.state.read_cache
+    user = cache.get(_token_key(caller.token_hash))
+    if user is None:
+        generation = commits()
+        user = await run_in_threadpool(users.authenticate_hash, caller.token_hash)
+        if user is not None:
+            cache.put(_token_key(caller.token_hash), user, generation)
     return _admit(request, caller, user)
+
+
+def _token_key(token_hash: str) -> tuple[str, str]:
+    return ("token", token_hash)
+
+
+@dataclass(frozen=True, slots=True)
+class Keep(Generic[T]):
+    """How a polled read's answer is kept in the read cache (service/read_cache.py): under
+    `key(user)`, given again to a user only where `visible(user, answer)`, else
+    `hidden()` is raised (the 404 the read itself would give)."""
+
+    key: Callable[[Principal], Hashable]
+    visible: Callable[[Principal, T], bool] = lambda _user, _answer: True
+    hidden: Callable[[], Exception] = lambda: LookupError("not visible")
 
 
 async def read_as(
@@ -117,6 +139,7 @@ async def read_as(
     read: Callable[[Principal], T],
     *,
     few_rows: bool = False,
+    keep: Keep[T] | None = None,
 ) -> T:
     """`read(user)` for the caller's user, authenticated in the same call and on the same
     pooled connection as the read (the polled reads' path: a hop to the pool and a
@@ -134,7 +157,9 @@ async def read_as(
         except Exception as err:  # the read's own answer (a 404), given after _admit
             return user, Outcome(error=err)
 
-    return await authenticated(request, credentials, authenticated_read, few_rows=few_rows)
+    return await authenticated(
+        request, credentials, authenticated_read, few_rows=few_rows, keep=keep
+    )
 
 
 async def authenticated(
@@ -143,6 +168,7 @@ async def authenticated(
     lookup: Callable[[str], tuple[Principal | None, Outcome[T]]],
     *,
     few_rows: bool = False,
+    keep: Keep[T] | None = None,
 ) -> T:
     """What `lookup(token_hash)` read for the token's user (None: an unknown or revoked
     token, a 401), run on one pooled connection, and given after the token's rate limit.
@@ -151,7 +177,10 @@ async def authenticated(
     skips the hop to a thread: under 32 concurrent readers the hop and the threads trading
     Python's turn cost the server more than twice the read. On SQLite it runs on the event
     loop itself (`Database.reads_inline`), on PostgreSQL it is awaited there on an
-    asyncio connection (`Database.read_async`)."""
+    asyncio connection (`Database.read_async`).
+
+    `keep`: the answer is kept in the read cache, and given from there (with the token's
+    user, kept likewise) while it is fresh, without a read."""
     caller = caller_of(request, credentials)
     db: Database = request.app.state.db
     # A token already over its limit is refused before any read (only a token that
@@ -159,6 +188,17 @@ async def authenticated(
     limiter: TokenBuckets = request.app.state.rate_limit
     if (wait_s := limiter.wait(caller.token_hash)) > 0:
         raise _over_rate_limit(limiter, wait_s)
+    cache: ReadCache = request.app.state.read_cache
+    token_key = _token_key(caller.token_hash)
+    user = cache.get(token_key)
+    if user is not None and keep is not None:
+        kept = cache.get(keep.key(user))
+        if kept is not None:
+            _admit(request, caller, user)
+            if not keep.visible(user, kept):
+                raise keep.hidden()
+            return kept  # what `keep` put there: a T
+    generation = commits()  # before the read: a commit during it drops its answer
     inline = few_rows and db.reads_inline
 
     def on_one_connection() -> tuple[Principal | None, Outcome[T]]:
@@ -171,9 +211,12 @@ async def authenticated(
         user, outcome = await db.read_async(on_one_connection)
     else:
         user, outcome = await run_in_threadpool(on_one_connection)
-    _admit(request, caller, user)
+    admitted = _admit(request, caller, user)
+    cache.put(token_key, admitted, generation)
     if outcome.error is not None:
         raise outcome.error
+    if keep is not None:
+        cache.put(keep.key(admitted), outcome.value, generation)
     return outcome.value  # type: ignore[return-value]  # set whenever error is not
 
 

@@ -23,11 +23,19 @@ from api.stored_json import StoredJson
 def json_body(value: Any, status_code: int = 200) -> Response:
     """`value` (dicts, lists, strings, numbers, None, datetimes) as a JSON response;
     naive datetimes are UTC, as every stored time is."""
-    try:
-        body = orjson.dumps(value, default=_embed, option=orjson.OPT_NAIVE_UTC)
-    except orjson.JSONEncodeError:
-        body = json.dumps(json_safe(value), default=_plain, allow_nan=False).encode()
+    return encoded_response(json_bytes(value), status_code)
+
+
+def encoded_response(body: bytes, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
+
+
+def json_bytes(value: Any) -> bytes:
+    """`value` encoded as `json_body` sends it."""
+    try:
+        return orjson.dumps(value, default=_embed, option=orjson.OPT_NAIVE_UTC)
+    except orjson.JSONEncodeError:
+        return json.dumps(json_safe(value), default=_plain, allow_nan=False).encode()
 
 
 def _embed(value: Any) -> orjson.Fragment:

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     # polls needs; 0 turns the limit off. Over it: 429 with Retry-After.
     rate_limit_per_s: Annotated[float, Field(ge=0)] = 100.0
     rate_limit_burst: Annotated[int, Field(ge=1)] = 1000
+    # How long a token's user, a job's status and a page of the listing are kept for the
+    # clients polling them (service/read_cache.py): what this process writes shows at
+    # once, what another process writes (the CLI revoking a token, a second API server)
+    # within this. 0 turns it off.
+    read_cache_s: Annotated[float, Field(ge=0, le=10)] = 1.0
     # Requests with a missing, invalid or revoked token, per client address: over this,
     # 429 before the token is even looked up (each lookup is a database read), so a flood
     # of bad tokens cannot slow everyone else. 0 turns it off. Behind a proxy every

@@ -74,7 +74,7 @@ def list_tokens() -> None:
 
 @tokens_app.command("revoke")
 def revoke(token_id: Annotated[int, typer.Argument(help="Id from `token list`.")]) -> None:
-    """Revoke a token: requests with it get 401 from now on."""
+    """Revoke a token: requests with it get 401 within SHARDLINE_READ_CACHE_S (1 s)."""
     users, db = _directory()
     try:
         revoked = users.revoke(token_id)
@@ -82,4 +82,7 @@ def revoke(token_id: Annotated[int, typer.Argument(help="Id from `token list`.")
         db.dispose()
     if not revoked:
         raise fail([f"no live token with id {token_id}"], code=1)
-    console.print(f"revoked token {token_id}")
+    console.print(
+        f"revoked token {token_id}: running servers refuse it within the time they keep "
+        "a token (SHARDLINE_READ_CACHE_S, 1 s by default)"
+    )

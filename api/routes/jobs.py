@@ -16,6 +16,7 @@ from api.bodies import parse_body
 from api.deps import (
     BearerDep,
     CurrentUser,
+    Keep,
     Outcome,
     RuntimeDep,
     SettingsDep,
@@ -26,7 +27,7 @@ from api.deps import (
 )
 from api.errors import ApiError, checkpoint_storage
 from api.init_from import resolve_spec_init_from
-from api.json_body import json_body
+from api.json_body import encoded_response, json_body, json_bytes
 from api.openapi import error_responses, request_body
 from api.schemas import (
     CheckpointPublic,
@@ -38,7 +39,6 @@ from api.schemas import (
     MetricsPublic,
 )
 from service.config import Settings
-from service.job_views import JobView
 from service.layout_planning import NoLayout, choose_layout
 from service.models import Checkpoint, Job, JobEvent
 from service.principal import Principal, Viewer
@@ -217,36 +217,45 @@ async def list_jobs(
 ) -> Response:
     """Newest first; pass `next_cursor` back as `cursor` for the next page."""
     views, settings = views_of(request), request.app.state.settings
-    try:
-        page = await read_as(
-            request,
-            credentials,
-            lambda user: views.page(
-                user, state=state, limit=min(limit, settings.max_page_size), cursor=cursor
-            ),
-            few_rows=True,
+    limit = min(limit, settings.max_page_size)
+
+    def page_body(user: Principal) -> bytes:
+        page = views.page(user, state=state, limit=limit, cursor=cursor)
+        return json_bytes(
+            {"jobs": [JobPublic.fields(j) for j in page.jobs], "next_cursor": page.next_cursor}
         )
+
+    # A page depends on who reads it: kept per user (and the admin flag it was read under).
+    keep: Keep[bytes] = Keep(lambda user: ("page", user.id, user.is_admin, state, limit, cursor))
+    try:
+        body = await read_as(request, credentials, page_body, few_rows=True, keep=keep)
     except ValueError as err:
         raise ApiError(
             422, "validation_error", str(err), [{"field": "cursor", "message": str(err)}]
         ) from None
-    return json_body(
-        {"jobs": [JobPublic.fields(j) for j in page.jobs], "next_cursor": page.next_cursor}
-    )
+    return encoded_response(body)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 async def get_job(job_id: str, request: Request, credentials: BearerDep) -> Response:
     views = views_of(request)
 
-    def lookup(token_hash: str) -> tuple[Principal | None, Outcome[JobView]]:
+    def lookup(token_hash: str) -> tuple[Principal | None, Outcome[tuple[int, bytes]]]:
         user, view = views.get_for_token(job_id, token_hash)
         if user is not None and view is None:
             return user, Outcome(error=JobNotFound(f"no job {job_id}"))
-        return user, Outcome(value=view)
+        if view is None:  # an unknown or revoked token: a 401
+            return user, Outcome()
+        return user, Outcome(value=(view.owner_id, json_bytes(JobPublic.fields(view))))
 
-    view = await authenticated(request, credentials, lookup, few_rows=True)
-    return json_body(JobPublic.fields(view))
+    # Kept once for every reader: each given it only if they may see the job.
+    keep: Keep[tuple[int, bytes]] = Keep(
+        lambda _user: ("job", job_id),
+        visible=lambda user, kept: user.is_admin or user.id == kept[0],
+        hidden=lambda: JobNotFound(f"no job {job_id}"),
+    )
+    _, body = await authenticated(request, credentials, lookup, few_rows=True, keep=keep)
+    return encoded_response(body)
 
 
 def json_response(model: BaseModel) -> Response:

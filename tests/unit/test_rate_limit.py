@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from api.rate_limit import TokenBuckets, retry_after_header
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def test_a_burst_passes_then_the_rate_holds() -> None:
