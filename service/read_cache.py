@@ -2,9 +2,11 @@
 kept for a moment so that clients polling the same thing do not each cost a database
 read.
 
-What is kept is never older than the last write this process committed: every commit of
-any `Database` in the process (a submit, a cancel, a token revoked, the control plane's
-progress) moves `commits()` on, and an answer read before that is not given again. The
+What is kept is never older than the last write this process committed through a
+session (`Database.session()`, where every write of the process goes: a submit, a cancel,
+a token revoked, the control plane's progress): each such commit moves `commits()` on once
+it has landed, and an answer read before that is not given again. (A commit outside a
+session moves it only before it lands: such a write would be seen within `ttl_s`.) The
 generation is taken before the read, so an answer read while a write was committing is
 dropped, not kept. Writes made by another process (the CLI revoking a token, a second
 API server) are seen within `ttl_s` (1 s by default, `SHARDLINE_READ_CACHE_S`; 0 turns

@@ -85,8 +85,8 @@ class UserDirectory:
 
     def authenticate(self, token: str) -> Principal | None:
         """Who a live token belongs to, or None (unknown or revoked). Every request with a
-        token makes this read, so it is one Core select of three columns, no ORM load;
-        a revoked token is refused by the very next request."""
+        token it does not find in the read cache makes this read, so it is one Core
+        select of three columns, no ORM load."""
         return self.authenticate_hash(hash_token(token))
 
     def authenticate_hash(self, token_hash: str) -> Principal | None:
