@@ -12,6 +12,9 @@ dropped, not kept. Writes made by another process (the CLI revoking a token, a s
 API server) are seen within `ttl_s` (1 s by default, `SHARDLINE_READ_CACHE_S`; 0 turns
 the cache off).
 
+A kept answer is given as it was read: what it derives from the clock (a status's
+goodput) is up to `ttl_s` old too.
+
 Unknown and revoked tokens are never kept: a token that fails is looked up again (and
 counted against its address), and a flood of made-up tokens cannot fill the cache.
 """
@@ -27,9 +30,12 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-# A bound on what is kept: past it the cache starts again empty (a cheap bound; the
-# entries of a polled read come back at its next read).
+# Bounds on what is kept. Past either, the oldest entries go first. A listing page is up to
+# a few MB, and distinct cursors each make an entry, so entries alone are no bound on memory.
 MAX_ENTRIES = 10_000
+MAX_BYTES = 64 * 2**20
+# What an entry that holds no encoded body (a token's user) is counted as.
+SMALL_ENTRY_BYTES = 512
 
 _lock = threading.Lock()
 _commits = 0
@@ -52,20 +58,47 @@ event.listen(Engine, "commit", _committed)
 event.listen(Session, "after_commit", _committed)
 
 
+def size_of(value: Any) -> int:
+    """About what `value` holds in memory: the encoded bodies in it (itself, or the parts
+    of a tuple), and a small constant for the rest."""
+    parts = value if isinstance(value, tuple) else (value,)
+    return SMALL_ENTRY_BYTES + sum(
+        len(part) for part in parts if isinstance(part, bytes | bytearray | memoryview)
+    )
+
+
 class ReadCache:
+    """Entries in the order they were kept. Every entry lives `ttl_s`, so that is also the
+    order they expire in: each put drops the expired ones from the oldest end, and the
+    oldest first again while over `max_entries` or `max_bytes`. A commit makes every entry
+    stale at once; the first put after it starts the cache again empty."""
+
     def __init__(
         self,
         ttl_s: float,
         *,
         max_entries: int = MAX_ENTRIES,
+        max_bytes: int = MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ttl_s, self.max_entries, self.clock = ttl_s, max_entries, clock
-        self._entries: dict[Hashable, tuple[float, int, Any]] = {}
+        self.ttl_s, self.clock = ttl_s, clock
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: dict[Hashable, tuple[float, int, int, Any]] = {}
+        self._generation = -1
+        self._bytes = 0
+        # Requests on the event loop and in the thread pool share it.
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
         return self.ttl_s > 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: Hashable) -> Any | None:
         """What was kept under `key`, if it is still fresh: kept less than `ttl_s` ago and
@@ -73,16 +106,37 @@ class ReadCache:
         hit = self._entries.get(key)
         if hit is None:
             return None
-        until, generation, value = hit
+        until, generation, _size, value = hit
         if generation != _commits or until <= self.clock():
-            self._entries.pop(key, None)
-            return None
+            return None  # dropped at the next put
         return value
 
     def put(self, key: Hashable, value: Any, generation: int) -> None:
         """Keep `value`, read after `generation` commits, unless a commit came since."""
         if not self.enabled or generation != _commits:
             return
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        self._entries[key] = (self.clock() + self.ttl_s, generation, value)
+        size = size_of(value)
+        if size > self.max_bytes:
+            return
+        now = self.clock()
+        with self._lock:
+            if generation != self._generation:  # everything kept is older than a commit
+                self._entries.clear()
+                self._bytes, self._generation = 0, generation
+            self._drop(key)  # kept again: it moves to the newest end
+            while self._entries and (
+                len(self._entries) >= self.max_entries
+                or self._bytes + size > self.max_bytes
+                or self._oldest_until() <= now
+            ):
+                self._drop(next(iter(self._entries)))
+            self._entries[key] = (now + self.ttl_s, generation, size, value)
+            self._bytes += size
+
+    def _oldest_until(self) -> float:
+        return next(iter(self._entries.values()))[0]
+
+    def _drop(self, key: Hashable) -> None:
+        gone = self._entries.pop(key, None)
+        if gone is not None:
+            self._bytes -= gone[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from service.db import Database
 from service.migrate import upgrade_to_head
-from service.read_cache import ReadCache, commits
+from service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, size_of
 from service.users import UserDirectory
 from tests.support.clock import Clock
 
@@ -50,11 +50,57 @@ def test_a_commit_in_this_process_drops_every_answer_and_one_read_before_it(
         db.dispose()
 
 
-def test_off_at_zero_and_bounded() -> None:
+def test_off_at_zero_and_bounded_in_entries_oldest_first() -> None:
     off = ReadCache(0.0)
     off.put("k", 1, commits())
     assert not off.enabled and off.get("k") is None
     small = ReadCache(60.0, max_entries=2)
     for key in "abc":
         small.put(key, key, commits())
-    assert small.get("c") == "c" and small.get("a") is None  # full: started again
+    assert small.get("a") is None and small.get("b") == "b" and small.get("c") == "c"
+    four = ReadCache(60.0, max_entries=4)
+    for key in "abc":
+        four.put(key, key, commits())
+    four.put("a", "a again", commits())  # kept again: now the newest
+    for key in "de":
+        four.put(key, key, commits())
+    assert four.get("b") is None and four.get("a") == "a again" and len(four) == 4
+
+
+def test_bounded_in_bytes_and_an_answer_over_the_bound_is_not_kept() -> None:
+    cache = ReadCache(60.0, max_bytes=3 * (1000 + SMALL_ENTRY_BYTES))
+    for page in range(5):  # distinct cursors of a listing, 1000 bytes each
+        cache.put(("page", page), (7, b"x" * 1000), commits())
+    assert len(cache) == 3 and cache.held_bytes <= cache.max_bytes
+    assert cache.get(("page", 1)) is None and cache.get(("page", 4)) is not None
+    cache.put("huge", b"x" * cache.max_bytes, commits())
+    assert cache.get("huge") is None and len(cache) == 3
+
+
+def test_expired_answers_are_dropped_by_the_next_put_not_only_when_read_again() -> None:
+    clock = Clock()
+    cache = ReadCache(1.0, clock=clock)
+    for page in range(100):
+        cache.put(("page", page), b"x" * 1000, commits())
+    clock.now = 0.5
+    cache.put("young", b"y", commits())
+    assert len(cache) == 101
+    clock.now = 1.2  # the pages expired, "young" has not
+    cache.put("newest", b"z", commits())
+    assert len(cache) == 2 and cache.get("young") == b"y"
+    assert cache.held_bytes == size_of(b"y") + size_of(b"z")
+
+
+def test_a_put_after_a_commit_frees_what_the_commit_made_stale(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cache.db'}"
+    upgrade_to_head(url)
+    db = Database(url)
+    cache = ReadCache(60.0)
+    try:
+        for page in range(10):
+            cache.put(("page", page), b"x" * 1000, commits())
+        UserDirectory(db).ensure_user("someone")
+        cache.put("after", b"a", commits())
+        assert len(cache) == 1 and cache.held_bytes == size_of(b"a")
+    finally:
+        db.dispose()
