@@ -63,7 +63,7 @@ def size_of(value: Any) -> int:
     of a tuple), and a small constant for the rest."""
     parts = value if isinstance(value, tuple) else (value,)
     return SMALL_ENTRY_BYTES + sum(
-        len(part) for part in parts if isinstance(part, bytes | bytearray | memoryview)
+        len(part) for part in parts if isinstance(part, bytes | bytearray)
     )
 
 
@@ -118,8 +118,12 @@ class ReadCache:
         size = size_of(value)
         if size > self.max_bytes:
             return
-        now = self.clock()
         with self._lock:
+            # Checked again under the lock: a put that waited for it while a commit landed
+            # must not clear what was kept after that commit.
+            if generation < self._generation or generation != _commits:
+                return
+            now = self.clock()  # under the lock, so entries go in the order they expire
             if generation != self._generation:  # everything kept is older than a commit
                 self._entries.clear()
                 self._bytes, self._generation = 0, generation

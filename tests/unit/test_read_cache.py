@@ -75,6 +75,9 @@ def test_bounded_in_bytes_and_an_answer_over_the_bound_is_not_kept() -> None:
     assert cache.get(("page", 1)) is None and cache.get(("page", 4)) is not None
     cache.put("huge", b"x" * cache.max_bytes, commits())
     assert cache.get("huge") is None and len(cache) == 3
+    cache.put(("page", 4), (7, b"y" * 10), commits())  # kept again, smaller
+    kept = [cache.get(("page", p)) for p in range(5)]
+    assert cache.held_bytes == sum(size_of(v) for v in kept if v is not None)
 
 
 def test_expired_answers_are_dropped_by_the_next_put_not_only_when_read_again() -> None:
