@@ -83,7 +83,8 @@ class ReadCache:
     ) -> None:
         self.ttl_s, self.clock = ttl_s, clock
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._entries: dict[Hashable, tuple[float, int, int, Any]] = {}
+        # key: (until, size, value); every entry was read after `_generation` commits.
+        self._entries: dict[Hashable, tuple[float, int, Any]] = {}
         self._generation = -1
         self._bytes = 0
         # Requests on the event loop and in the thread pool share it.
@@ -106,22 +107,20 @@ class ReadCache:
         hit = self._entries.get(key)
         if hit is None:
             return None
-        until, generation, _size, value = hit
-        if generation != _commits or until <= self.clock():
+        until, _size, value = hit
+        if self._generation != _commits or until <= self.clock():
             return None  # dropped at the next put
         return value
 
     def put(self, key: Hashable, value: Any, generation: int) -> None:
         """Keep `value`, read after `generation` commits, unless a commit came since."""
-        if not self.enabled or generation != _commits:
-            return
         size = size_of(value)
-        if size > self.max_bytes:
+        if not self.enabled or size > self.max_bytes:
             return
         with self._lock:
-            # Checked again under the lock: a put that waited for it while a commit landed
-            # must not clear what was kept after that commit.
-            if generation < self._generation or generation != _commits:
+            # Under the lock: a put that waited for it while a commit landed must not clear
+            # what was kept after that commit (the count only grows).
+            if generation != _commits:
                 return
             now = self.clock()  # under the lock, so entries go in the order they expire
             if generation != self._generation:  # everything kept is older than a commit
@@ -134,7 +133,7 @@ class ReadCache:
                 or self._oldest_until() <= now
             ):
                 self._drop(next(iter(self._entries)))
-            self._entries[key] = (now + self.ttl_s, generation, size, value)
+            self._entries[key] = (now + self.ttl_s, size, value)
             self._bytes += size
 
     def _oldest_until(self) -> float:
@@ -143,4 +142,4 @@ class ReadCache:
     def _drop(self, key: Hashable) -> None:
         gone = self._entries.pop(key, None)
         if gone is not None:
-            self._bytes -= gone[2]
+            self._bytes -= gone[1]
