@@ -107,3 +107,18 @@ def test_a_put_after_a_commit_frees_what_the_commit_made_stale(tmp_path: Path) -
         assert len(cache) == 1 and cache.held_bytes == size_of(b"a")
     finally:
         db.dispose()
+
+
+def test_a_put_read_before_a_commit_leaves_what_was_kept_after_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cache.db'}"
+    upgrade_to_head(url)
+    db = Database(url)
+    cache = ReadCache(60.0)
+    try:
+        before = commits()
+        UserDirectory(db).ensure_user("someone")
+        cache.put("read after", 1, commits())
+        cache.put("read before, put late", 2, before)
+        assert cache.get("read after") == 1 and len(cache) == 1
+    finally:
+        db.dispose()
