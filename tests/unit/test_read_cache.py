@@ -3,13 +3,28 @@ keeps): fresh answers are given again, stale ones never."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from service.db import Database
 from service.migrate import upgrade_to_head
 from service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, size_of
 from service.users import UserDirectory
 from tests.support.clock import Clock
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> Iterator[UserDirectory]:
+    """A real SQLite database whose writes are the process's commits."""
+    url = f"sqlite:///{tmp_path / 'cache.db'}"
+    upgrade_to_head(url)
+    db = Database(url)
+    try:
+        yield UserDirectory(db)
+    finally:
+        db.dispose()
 
 
 def test_an_answer_is_given_again_until_its_time_is_up() -> None:
@@ -24,30 +39,23 @@ def test_an_answer_is_given_again_until_its_time_is_up() -> None:
 
 
 def test_a_commit_in_this_process_drops_every_answer_and_one_read_before_it(
-    tmp_path: Path,
+    users: UserDirectory,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'cache.db'}"
-    upgrade_to_head(url)
-    db = Database(url)
-    users = UserDirectory(db)
     cache = ReadCache(60.0)
-    try:
-        before = commits()
-        cache.put("kept", 1, before)
-        # A read that began before a commit (of any Database of the process, any table)
-        # and ended after it: its answer may be older than the commit, so it is not kept.
-        users.ensure_user("someone")
-        assert commits() > before
-        assert cache.get("kept") is None
-        cache.put("read across the commit", 2, before)
-        assert cache.get("read across the commit") is None
-        cache.put("read after", 3, commits())
-        assert cache.get("read after") == 3
-        # A read changes nothing.
-        users.list_tokens()
-        assert cache.get("read after") == 3
-    finally:
-        db.dispose()
+    before = commits()
+    cache.put("kept", 1, before)
+    # A read that began before a commit (of any Database of the process, any table)
+    # and ended after it: its answer may be older than the commit, so it is not kept.
+    users.ensure_user("someone")
+    assert commits() > before
+    assert cache.get("kept") is None
+    cache.put("read across the commit", 2, before)
+    assert cache.get("read across the commit") is None
+    cache.put("read after", 3, commits())
+    assert cache.get("read after") == 3
+    # A read changes nothing.
+    users.list_tokens()
+    assert cache.get("read after") == 3
 
 
 def test_off_at_zero_and_bounded_in_entries_oldest_first() -> None:
@@ -94,31 +102,21 @@ def test_expired_answers_are_dropped_by_the_next_put_not_only_when_read_again() 
     assert cache.held_bytes == size_of(b"y") + size_of(b"z")
 
 
-def test_a_put_after_a_commit_frees_what_the_commit_made_stale(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cache.db'}"
-    upgrade_to_head(url)
-    db = Database(url)
+def test_a_put_after_a_commit_frees_what_the_commit_made_stale(users: UserDirectory) -> None:
     cache = ReadCache(60.0)
-    try:
-        for page in range(10):
-            cache.put(("page", page), b"x" * 1000, commits())
-        UserDirectory(db).ensure_user("someone")
-        cache.put("after", b"a", commits())
-        assert len(cache) == 1 and cache.held_bytes == size_of(b"a")
-    finally:
-        db.dispose()
+    for page in range(10):
+        cache.put(("page", page), b"x" * 1000, commits())
+    users.ensure_user("someone")
+    cache.put("after", b"a", commits())
+    assert len(cache) == 1 and cache.held_bytes == size_of(b"a")
 
 
-def test_a_put_read_before_a_commit_leaves_what_was_kept_after_it(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cache.db'}"
-    upgrade_to_head(url)
-    db = Database(url)
+def test_a_put_read_before_a_commit_leaves_what_was_kept_after_it(
+    users: UserDirectory,
+) -> None:
     cache = ReadCache(60.0)
-    try:
-        before = commits()
-        UserDirectory(db).ensure_user("someone")
-        cache.put("read after", 1, commits())
-        cache.put("read before, put late", 2, before)
-        assert cache.get("read after") == 1 and len(cache) == 1
-    finally:
-        db.dispose()
+    before = commits()
+    users.ensure_user("someone")
+    cache.put("read after", 1, commits())
+    cache.put("read before, put late", 2, before)
+    assert cache.get("read after") == 1 and len(cache) == 1
