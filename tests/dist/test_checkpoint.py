@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import tiny_spec
+from workers.contract.events import RESTORED_METRICS
 from workers.storage.checkpoints import CheckpointStore
 from workers.engine.launch import LocalCheckpoints, train_local
 from workers.engine.schedule import lr_at
@@ -130,6 +131,23 @@ def test_keep_last_holds_and_only_committed_checkpoints_are_listed(
     # each rank checksummed its own shard file; rank 0 also the DCP metadata
     ranks = {name: entry["rank"] for name, entry in manifest["files"].items()}
     assert ranks == {".metadata": 0, "__0_0.distcp": 0, "__1_0.distcp": 1}
+
+
+@pytest.mark.parametrize("name", ["dp2-zero2", "pp2-tp2"])
+def test_a_checkpoint_holds_its_logged_step_s_metrics(
+    name: str, uninterrupted: dict[str, Any]
+) -> None:
+    """An async save may commit before rank 0 logs its step; a world restored from it
+    never logs that step again, so the manifest keeps the step's metrics for the restore
+    event to carry (workers/runtime/supervisor/relay.py records them)."""
+    run = uninterrupted[name]
+    committed = CheckpointStore(str(run["folder"])).committed()
+    assert [c.step for c in committed] == [8, 4]
+    for ckpt in committed:
+        logged = ckpt.manifest["trainer"][RESTORED_METRICS]
+        assert logged["step"] == ckpt.step
+        assert logged["loss"] == run["losses"][ckpt.step]
+        assert {"grad_norm", "lr", "step_time_s"} <= logged.keys()
 
 
 @pytest.mark.parametrize("name", ["dp2-zero1", "dp2-tp2-zero1"])

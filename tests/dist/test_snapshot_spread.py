@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from tests.dist.ranks import on_ranks
-from workers.contract.events import Event, EventKind
+from workers.contract.events import RESTORED_METRICS, Event, EventKind
 from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.engine.checkpoint.tier import CheckpointTier
 from workers.storage.checkpoints import MANIFEST, CheckpointStore
@@ -47,7 +47,8 @@ def _save(folders: list[str], rank: int, world: int, device: torch.device) -> li
     tier = _tier(folders[rank], events)
     for step in (2, 4):
         weight = distribute_tensor(_full(step), mesh, [Shard(0)])
-        tier.save(step, {"w": weight}, {"step": step})
+        logged = {"step": step, "loss": 1 / step}  # the step's metrics, as the manager adds
+        tier.save(step, {"w": weight}, {"step": step, RESTORED_METRICS: logged})
         tier.wait()
     return [(e.kind.value, e.data) for e in events]
 
@@ -111,6 +112,8 @@ def test_a_lost_node_costs_nothing_of_the_newest_snapshot(tmp_path: Path) -> Non
         assert step == 4
         torch.testing.assert_close(weight, _full(4), rtol=0, atol=0)
     assert smaller[0][2][0]["tier"] == "memory"
+    # The restore event carries the step's metrics: rank 0 may have died before logging them.
+    assert smaller[0][2][0][RESTORED_METRICS] == {"step": 4, "loss": 0.25}
 
     # Four ranks again, two on a fresh node c: its folder is filled from node a first.
     again = on_ranks(functools.partial(_restore, [node_a, node_a, node_c, node_c]), 4)

@@ -18,7 +18,9 @@ class EventKind(StrEnum):
     FIRST_STEP = "first_step"  # the job's first step, seconds after submit: seconds
     PRIORITY = "priority"  # a user changed a job's priority: from, to, by
     # The engine, on rank 0:
-    RESTORED = "restored"  # data: step, path, tier ("memory" or "storage")
+    # data: step, path, tier ("memory" or "storage"), and RESTORED_METRICS where the
+    # checkpoint's step was a logged one; the relay takes those out (they are not stored)
+    RESTORED = "restored"
     CHECKPOINT_SKIPPED = "checkpoint_skipped"  # a candidate failed to verify: step, problem
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, bytes, save_s, blocking_s
     SAVE_FAILED = "save_failed"  # an async save failed (training goes on): step
@@ -37,6 +39,11 @@ class EventKind(StrEnum):
     PREEMPTION = "preemption"  # nodes of the job are being preempted: nodes, deadline_s
     FAULT_INJECTED = "fault_injected"  # fault, rank
     PROFILE = "profile"  # a profile on demand began: profile, steps
+
+
+# The restored step's metrics, as saved with its checkpoint: a save can commit before rank
+# 0 hands them on, and a world restored from it never logs that step again.
+RESTORED_METRICS = "logged"
 
 
 @dataclass(frozen=True)

@@ -487,8 +487,13 @@ class Trainer:
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
-            metrics.update(self.checkpoints.save(self.step, last_step=self.step == total))
-            if self._should_log(self.step):
+            logged = self._should_log(self.step)
+            metrics.update(
+                self.checkpoints.save(
+                    self.step, last_step=self.step == total, logged=metrics if logged else None
+                )
+            )
+            if logged:
                 self._log(metrics)
             last = metrics
             if self.on_step is not None:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workers.contract.events import Event
+from workers.contract.events import RESTORED_METRICS, Event
 from workers.contract.sections import CheckpointSpec
 from workers.engine.checkpoint.cadence import SnapshotCadence
 from workers.engine.checkpoint.state import JsonState, TensorState
@@ -60,6 +60,7 @@ class CheckpointManager:
         )
         self._mark: float | None = None  # when the last save call had joined its snapshot
         self._last_save: str | None = None  # what that call saved: "snapshot", "checkpoint"
+        self._logged: dict[str, Any] | None = None  # the step being saved's metrics, if logged
         if policy.memory_every_steps == 0:  # no memory tier: nothing to restore from it
             where = replace(where, snapshot_url=None)
         self.policy = policy
@@ -114,10 +115,17 @@ class CheckpointManager:
         self.cadence.restart_at(self.last_saved_step)
         return self.last_saved_step
 
-    def save(self, step: int, *, last_step: bool = False) -> dict[str, float]:
+    def save(
+        self, step: int, *, last_step: bool = False, logged: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """After training `step` (`last_step`: the run's last): a storage checkpoint where
         the policy says, else a snapshot where one is due. Returns the seconds training
-        was held, named as the step's metrics name them."""
+        was held, named as the step's metrics name them.
+
+        `logged`: the step's metrics where it is a logged step. They go into what is saved:
+        a save may commit before rank 0 hands them on, and a world restored from it trains
+        on after this step and never logs it again (the restore event carries them)."""
+        self._logged = logged
         if self.memory is not None:
             # A snapshot overlaps one step at most: once this step is done, so is the
             # previous snapshot, and a death loses at most memory_every_steps steps.
@@ -166,7 +174,11 @@ class CheckpointManager:
         return last_step or (every > 0 and step % every == 0)
 
     def _small(self, step: int) -> dict[str, Any]:
-        return {"step": step, **{name: part.state_dict() for name, part in self.small.items()}}
+        small = {"step": step, **{name: part.state_dict() for name, part in self.small.items()}}
+        if self._logged is not None and self._logged.get("step") == step:
+            # A copy: the trainer adds the save's own figures to its dict afterwards.
+            small[RESTORED_METRICS] = dict(self._logged)
+        return small
 
     def in_flight(self) -> list[threading.Thread]:
         """The saves being written in the background (to wait for without the manager)."""

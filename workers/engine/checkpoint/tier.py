@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from workers.contract.events import Event, EventKind
+from workers.contract.events import RESTORED_METRICS, Event, EventKind
 from workers.engine.checkpoint.cadence import SnapshotCadence
 from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
@@ -323,12 +323,16 @@ class CheckpointTier:
             dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
             self.restored_step = ckpt.step
             tier = "storage" if moves is None else "memory"
+            data = {"step": ckpt.step, "path": ckpt.path, "tier": tier}
+            logged = ckpt.manifest.get("trainer", {}).get(RESTORED_METRICS)
+            if logged is not None:  # for the relay, which records them if nobody had
+                data[RESTORED_METRICS] = logged
             self.on_event(
                 Event(
                     EventKind.RESTORED,
                     f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
                     f"from {tier} in {time.perf_counter() - start:.2f}s",
-                    {"step": ckpt.step, "path": ckpt.path, "tier": tier},
+                    data,
                 )
             )
             return ckpt, state

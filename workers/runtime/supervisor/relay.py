@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from workers.contract.events import Event, EventKind
+from workers.contract.events import RESTORED_METRICS, Event, EventKind
 from workers.contract.lifecycle import JobState
 from workers.contract.progress import (
     CheckpointEntry,
@@ -62,9 +63,17 @@ class ProgressRelay:
         for status in statuses:
             self.front_step = max(self.front_step, status.step)
             for event in status.events:
+                logged = None
                 if event.kind == EventKind.RESTORED:
-                    restored = event
+                    data = dict(event.data)
+                    logged = data.pop(RESTORED_METRICS, None)
+                    event = restored = replace(event, data=data)
                 self.event(event)
+                if logged is not None:
+                    # The restored step's metrics, saved with it: where rank 0 died after
+                    # the save committed and before it logged them, nobody else has them
+                    # (the metrics file was replayed before this world started).
+                    self._metrics(logged)
             for m in status.metrics:
                 self.step_time_s = m.get("step_time_s", self.step_time_s)
                 if m["step"] > self.reported_step + self.log_every:
