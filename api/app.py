@@ -27,6 +27,7 @@ from service.read_cache import ReadCache
 from service.runtime import NoRuntime, Runtime
 from service.store import JobStore
 from service.users import UserDirectory
+from service.write_notices import WriteListener
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,20 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The API over `settings.database_url` (already migrated); `runtime` runs the jobs."""
     db = Database(settings.resolved_database_url)
     the_runtime: Runtime = runtime or NoRuntime()
+    read_cache = ReadCache(settings.read_cache_s, notified_ttl_s=settings.read_cache_notified_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        notices = WriteListener.for_database(db.url, read_cache)
+        if notices is not None:
+            notices.start()
         the_runtime.start()
         try:
             yield
         finally:
             the_runtime.stop()
+            if notices is not None:
+                notices.stop()
             await db.dispose_async()
 
     app = FastAPI(
@@ -62,7 +69,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = the_runtime
     app.state.telemetry = ApiTelemetry(db)
     app.state.rate_limit = TokenBuckets(settings.rate_limit_per_s, settings.rate_limit_burst)
-    app.state.read_cache = ReadCache(settings.read_cache_s)
+    app.state.read_cache = read_cache
     app.state.auth_failures = TokenBuckets(
         settings.auth_failures_per_s, settings.auth_failures_burst
     )

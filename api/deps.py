@@ -144,8 +144,9 @@ async def read_as(
     """`read(user)` for the caller's user, authenticated in the same call and on the same
     pooled connection as the read (the polled reads' path: a hop to the pool and a
     checkout cost more than the read itself). A revocation this process commits holds
-    from the next request; one made by another process (the CLI) within read_cache_s
-    (service/read_cache.py). `few_rows` and `keep`: see `authenticated`."""
+    from the next request; one made by another process (the CLI) at its notice on
+    PostgreSQL, within read_cache_s on SQLite (service/read_cache.py). `few_rows` and
+    `keep`: see `authenticated`."""
     users: UserDirectory = request.app.state.users
 
     def authenticated_read(token_hash: str) -> tuple[Principal | None, Outcome[T]]:

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     # once, what another process writes (the CLI revoking a token, a second API server)
     # within this. 0 turns it off.
     read_cache_s: Annotated[float, Field(ge=0, le=10)] = 1.0
+    # On PostgreSQL every write is notified to every API server as it commits
+    # (service/write_notices.py), so another process's writes show at once too; while
+    # this server is listening it keeps answers this long. What a status derives from
+    # the clock (goodput) may be this old.
+    read_cache_notified_s: Annotated[float, Field(ge=0, le=60)] = 10.0
     # Requests with a missing, invalid or revoked token, per client address: over this,
     # 429 before the token is even looked up (each lookup is a database read), so a flood
     # of bad tokens cannot slow everyone else. 0 turns it off. Behind a proxy every

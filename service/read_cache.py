@@ -8,12 +8,18 @@ a token revoked, the control plane's progress): each such commit moves `commits(
 it has landed, and an answer read before that is not given again. (A commit outside a
 session moves it only before it lands: such a write would be seen within `ttl_s`.) The
 generation is taken before the read, so an answer read while a write was committing is
-dropped, not kept. Writes made by another process (the CLI revoking a token, a second
-API server) are seen within `ttl_s` (1 s by default, `SHARDLINE_READ_CACHE_S`; 0 turns
-the cache off).
+dropped, not kept.
+
+Writes made by another process (the CLI revoking a token, a second API server, a script):
+- on PostgreSQL, the database notifies every API server as each commits
+  (service/write_notices.py moves `commits()` on), so they show at once, and while that
+  listener is connected an answer is kept up to `notified_ttl_s` (10 s by default,
+  `SHARDLINE_READ_CACHE_NOTIFIED_S`);
+- on SQLite, and on PostgreSQL while the listener is not connected, within `ttl_s` (1 s
+  by default, `SHARDLINE_READ_CACHE_S`; 0 turns the cache off).
 
 A kept answer is given as it was read: what it derives from the clock (a status's
-goodput) is up to `ttl_s` old too.
+goodput) is up to the time it is kept old too.
 
 Unknown and revoked tokens are never kept: a token that fails is looked up again (and
 counted against its address), and a flood of made-up tokens cannot fill the cache.
@@ -52,6 +58,12 @@ def _committed(*_: Any) -> None:
         _commits += 1
 
 
+def moved_on() -> None:
+    """What was kept is older than a write: another process's, or any write made while
+    nobody was told of them (service/write_notices.py)."""
+    _committed()
+
+
 # Before a connection commits (Core's event) and after a session has (the ORM's): an answer
 # read in between is taken under the first number and dropped at the second.
 event.listen(Engine, "commit", _committed)
@@ -68,20 +80,28 @@ def size_of(value: Any) -> int:
 
 
 class ReadCache:
-    """Entries in the order they were kept. Every entry lives `ttl_s`, so that is also the
-    order they expire in: each put drops the expired ones from the oldest end, and the
-    oldest first again while over `max_entries` or `max_bytes`. A commit makes every entry
-    stale at once; the first put after it starts the cache again empty."""
+    """Entries in the order they were kept. Every entry lives `ttl_s` (or every one
+    `notified_ttl_s`: the listener moves the generation on as it stops, which empties the
+    cache), so that is also the order they expire in: each put drops the expired ones from
+    the oldest end, and the oldest first again while over `max_entries` or `max_bytes`. A
+    commit makes every entry stale at once; the first put after it starts the cache again
+    empty."""
 
     def __init__(
         self,
         ttl_s: float,
         *,
+        notified_ttl_s: float | None = None,
         max_entries: int = MAX_ENTRIES,
         max_bytes: int = MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s, self.clock = ttl_s, clock
+        # How long while every write is notified (`listening`): never shorter than ttl_s.
+        self.notified_ttl_s = max(ttl_s, notified_ttl_s or 0.0)
+        # Set by a connected write listener. It moves the generation on as it stops
+        # listening, so nothing kept for the longer time outlives the notices.
+        self.listening = False
         self.max_entries, self.max_bytes = max_entries, max_bytes
         # key: (until, size, value); every entry was read after `_generation` commits.
         self._entries: dict[Hashable, tuple[float, int, Any]] = {}
@@ -133,7 +153,8 @@ class ReadCache:
                 or self._oldest_until() <= now
             ):
                 self._drop(next(iter(self._entries)))
-            self._entries[key] = (now + self.ttl_s, size, value)
+            keep_s = self.notified_ttl_s if self.listening else self.ttl_s
+            self._entries[key] = (now + keep_s, size, value)
             self._bytes += size
 
     def _oldest_until(self) -> float:

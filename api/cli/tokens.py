@@ -74,7 +74,8 @@ def list_tokens() -> None:
 
 @tokens_app.command("revoke")
 def revoke(token_id: Annotated[int, typer.Argument(help="Id from `token list`.")]) -> None:
-    """Revoke a token: requests with it get 401 within SHARDLINE_READ_CACHE_S (1 s)."""
+    """Revoke a token: requests with it get 401 at once on PostgreSQL, within
+    SHARDLINE_READ_CACHE_S (1 s) on SQLite."""
     users, db = _directory()
     try:
         revoked = users.revoke(token_id)
@@ -83,6 +84,6 @@ def revoke(token_id: Annotated[int, typer.Argument(help="Id from `token list`.")
     if not revoked:
         raise fail([f"no live token with id {token_id}"], code=1)
     console.print(
-        f"revoked token {token_id}: running servers refuse it within the time they keep "
-        "a token (SHARDLINE_READ_CACHE_S, 1 s by default)"
+        f"revoked token {token_id}: running servers refuse it at once on PostgreSQL, "
+        "within the time they keep a token on SQLite (SHARDLINE_READ_CACHE_S, 1 s by default)"
     )

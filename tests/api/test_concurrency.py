@@ -32,7 +32,7 @@ def test_50_concurrent_submits_with_one_key_create_one_job(
     # Hold the first RACERS key lookups of the real server's store, each done, until all have
     # arrived. If submits ran one at a time (a blocking store call on the event loop) the
     # barrier could never fill and would break after its timeout.
-    store = cast(JobStore, backend.server.app.state.store)  # type: ignore[attr-defined]
+    store = cast(JobStore, backend.server.app.state.store)
     lookup = store._by_key
     barrier = threading.Barrier(RACERS, timeout=30)
     calls: list[int] = []

@@ -20,7 +20,7 @@ def test_concurrent_reads_reuse_pooled_connections(backend: Backend) -> None:
     _, token = backend.new_user()
     with backend.client(token) as c:
         job_id = c.submit({"name": "polled"})["id"]
-    server_db: Database = backend.server.app.state.db  # type: ignore[attr-defined]
+    server_db: Database = backend.server.app.state.db
     opened: list[Any] = []
 
     def count(dbapi_conn: Any, _record: Any) -> None:

@@ -31,7 +31,7 @@ def test_status_and_listing_answer_while_every_database_slot_is_taken(backend: B
     _, token = backend.new_user()
     with backend.client(token) as c:
         job_id = c.submit({"name": "polled"})["id"]
-    db: Database = backend.server.app.state.db  # type: ignore[attr-defined]
+    db: Database = backend.server.app.state.db
     headers = {"Authorization": f"Bearer {token}"}
     with every_slot_taken(db), httpx.Client(base_url=backend.server.url, headers=headers) as http:
         started = time.monotonic()

@@ -1,6 +1,6 @@
-"""The read cache through a real server (SQLite file): polled answers are kept for the
-configured time, a write of the server's own process shows at once, and a write of
-another process within the bound."""
+"""The read cache through a real server: polled answers are kept for the configured time,
+a write of the server's own process shows at once, and a write of another process within
+the bound (SQLite) or at once, as PostgreSQL notifies it (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from service.config import Settings
 from service.db import Database
 from service.migrate import upgrade_to_head
 from service.users import UserDirectory
+from service.write_notices import APPLICATION_NAME, libpq_url
+from tests.support.databases import fresh_postgres
 from tests.support.server import run_server
 
 KEEP_S = 5.0
@@ -90,3 +92,75 @@ def test_kept_answers_own_writes_at_once_and_others_within_the_bound(tmp_path: P
             within(KEEP_S + 1.0, lambda: http.get(path, headers=auth).status_code == 401)
     finally:
         db.dispose()
+
+
+def on_another_connection(url: str, statement: str, *params: object) -> None:
+    """`statement` committed on a psycopg connection of its own, as a script in psql would:
+    no SQLAlchemy, so nothing in this process hears of it but through the database."""
+    import psycopg
+
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute(statement, params)
+
+
+def test_on_postgresql_another_process_s_writes_show_at_once(tmp_path: Path) -> None:
+    """Without notices the server would keep answers for KEEP_S; told of each write, it
+    shows another connection's within a second, and again after its listening connection
+    was cut (it listens again, and meanwhile keeps answers for read_cache_s only)."""
+    with fresh_postgres() as url:
+        upgrade_to_head(url)
+        db = Database(url)
+        users = UserDirectory(db)
+        poller = users.ensure_user("poller")
+        issued = users.issue_token(poller, "test")
+        spare = users.issue_token(poller, "another").token
+        settings = Settings(
+            database_url=url,
+            state_dir=tmp_path / "state",
+            read_cache_s=KEEP_S,
+            read_cache_notified_s=60,
+        )
+        auth = {"Authorization": f"Bearer {issued.token}"}
+        try:
+            with run_server(settings) as server, httpx.Client(base_url=server.url) as http:
+                cache = server.app.state.read_cache
+                within(10, lambda: cache.listening)
+                job = http.post("/v1/jobs", json={"name": "first"}, headers=auth).json()
+                path = f"/v1/jobs/{job['id']}"
+
+                def named(name: str) -> Callable[[], bool]:
+                    def probe() -> bool:
+                        listing = http.get("/v1/jobs", headers=auth).json()["jobs"]
+                        status = http.get(path, headers=auth).json()
+                        return status["name"] == name and [j["name"] for j in listing] == [name]
+
+                    return probe
+
+                assert named("first")()
+                rename = "UPDATE jobs SET name = %s WHERE id = %s"
+                on_another_connection(url, rename, "second", job["id"])
+                within(1.0, named("second"))
+
+                # The listening connection cut: seen again within a reconnect.
+                on_another_connection(
+                    url,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    APPLICATION_NAME,
+                )
+                on_another_connection(url, rename, "third", job["id"])
+                within(3.0, named("third"))
+                within(10, lambda: cache.listening)
+                on_another_connection(url, rename, "fourth", job["id"])
+                within(1.0, named("fourth"))
+
+                # A token revoked by another connection is refused at once; another of the
+                # same user still works.
+                on_another_connection(
+                    url, "UPDATE api_tokens SET revoked_at = now() WHERE id = %s", issued.token_id
+                )
+                within(1.0, lambda: http.get(path, headers=auth).status_code == 401)
+                ok = http.get(path, headers={"Authorization": f"Bearer {spare}"})
+                assert ok.status_code == 200
+        finally:
+            db.dispose()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from api.app import create_app
 from service.config import Settings
@@ -21,7 +22,7 @@ from workers.contract.net import free_port
 class RunningServer:
     url: str
     settings: Settings
-    app: object
+    app: FastAPI
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import pytest
 
 from service.db import Database
 from service.migrate import upgrade_to_head
-from service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, size_of
+from service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, moved_on, size_of
 from service.users import UserDirectory
 from tests.support.clock import Clock
 
@@ -36,6 +36,24 @@ def test_an_answer_is_given_again_until_its_time_is_up() -> None:
     clock.now = 1.0
     assert cache.get("k") is None
     assert cache.get("never kept") is None
+
+
+def test_kept_longer_while_told_of_every_write_and_dropped_when_no_longer() -> None:
+    clock = Clock()
+    cache = ReadCache(1.0, notified_ttl_s=10.0, clock=clock)
+    cache.listening = True  # as a connected WriteListener sets it
+    cache.put("k", "answer", commits())
+    clock.now = 9.99
+    assert cache.get("k") == "answer"
+    moved_on()  # a notice: another process wrote
+    assert cache.get("k") is None
+    cache.put("k", "answer", commits())
+    cache.listening = False  # the listener lost its connection: it moves the count on
+    moved_on()
+    assert cache.get("k") is None
+    cache.put("k", "answer", commits())
+    clock.now += 1.0
+    assert cache.get("k") is None  # kept read_cache_s only, while nobody is told
 
 
 def test_a_commit_in_this_process_drops_every_answer_and_one_read_before_it(
