@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,15 +42,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         notices = WriteListener.for_database(db.url, read_cache)
-        if notices is not None:
-            notices.start()
         the_runtime.start()
         try:
+            if notices is not None:
+                notices.start()
             yield
         finally:
             the_runtime.stop()
-            if notices is not None:
-                notices.stop()
+            if notices is not None:  # it may be connecting: never on the event loop
+                await asyncio.to_thread(notices.stop)
             await db.dispose_async()
 
     app = FastAPI(

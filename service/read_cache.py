@@ -12,11 +12,12 @@ dropped, not kept.
 
 Writes made by another process (the CLI revoking a token, a second API server, a script):
 - on PostgreSQL, the database notifies every API server as each commits
-  (service/write_notices.py moves `commits()` on), so they show at once, and while that
-  listener is connected an answer is kept up to `notified_ttl_s` (10 s by default,
-  `SHARDLINE_READ_CACHE_NOTIFIED_S`);
-- on SQLite, and on PostgreSQL while the listener is not connected, within `ttl_s` (1 s
-  by default, `SHARDLINE_READ_CACHE_S`; 0 turns the cache off).
+  (service/write_notices.py moves `commits()` on), so they show at once, and while its
+  own notices keep coming back to the listener an answer is kept up to `notified_ttl_s`
+  (10 s by default, `SHARDLINE_READ_CACHE_NOTIFIED_S`);
+- on SQLite, and on PostgreSQL while nothing is heard (the listener cut off, stalled,
+  or the database without migration 0008's triggers), within `ttl_s` (1 s by default,
+  `SHARDLINE_READ_CACHE_S`; 0 turns the cache off).
 
 A kept answer is given as it was read: what it derives from the clock (a status's
 goodput) is up to the time it is kept old too.
@@ -27,6 +28,7 @@ counted against its address), and a flood of made-up tokens cannot fill the cach
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -80,12 +82,18 @@ def size_of(value: Any) -> int:
 
 
 class ReadCache:
-    """Entries in the order they were kept. Every entry lives `ttl_s` (or every one
-    `notified_ttl_s`: the listener moves the generation on as it stops, which empties the
-    cache), so that is also the order they expire in: each put drops the expired ones from
-    the oldest end, and the oldest first again while over `max_entries` or `max_bytes`. A
-    commit makes every entry stale at once; the first put after it starts the cache again
-    empty."""
+    """Entries in the order they were kept. Every entry lives the same time (`ttl_s`, or
+    `notified_ttl_s` while writes are heard of: a put that keeps for less than the entries
+    held were kept for drops them all), so that is also the order they expire in: each put
+    drops the expired ones from the oldest end, and the oldest first again while over
+    `max_entries` or `max_bytes`. A commit makes every entry stale at once; the first put
+    after it starts the cache again empty.
+
+    While writes are heard of (`heard(sent_at)`: a write listener's own notice came back,
+    so every write committed before `sent_at` has been heard of too) an entry is given
+    up to `notified_ttl_s` after it was kept; past `ttl_s` only while the last such notice
+    was sent less than `ttl_s` ago, so an answer is never more than `ttl_s` behind a
+    write nobody was told of, whatever became of the listener."""
 
     def __init__(
         self,
@@ -97,18 +105,29 @@ class ReadCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s, self.clock = ttl_s, clock
-        # How long while every write is notified (`listening`): never shorter than ttl_s.
+        # How long while writes are heard of: never shorter than ttl_s.
         self.notified_ttl_s = max(ttl_s, notified_ttl_s or 0.0)
-        # Set by a connected write listener. It moves the generation on as it stops
-        # listening, so nothing kept for the longer time outlives the notices.
-        self.listening = False
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        # key: (until, size, value); every entry was read after `_generation` commits.
-        self._entries: dict[Hashable, tuple[float, int, Any]] = {}
+        # key: (until, kept at, size, value); every entry was read after `_generation`
+        # commits, and kept for `_keep_s`.
+        self._entries: dict[Hashable, tuple[float, float, int, Any]] = {}
         self._generation = -1
+        self._keep_s = 0.0
         self._bytes = 0
+        # Until when (by `clock`) every write committed is known to have been heard of
+        # within ttl_s: the latest heard `sent_at` + ttl_s.
+        self._heard_until = -math.inf
         # Requests on the event loop and in the thread pool share it.
         self._lock = threading.Lock()
+
+    def heard(self, sent_at: float) -> None:
+        """Every write committed before `sent_at` (by `clock`) has moved the count on."""
+        self._heard_until = max(self._heard_until, sent_at + self.ttl_s)
+
+    @property
+    def listening(self) -> bool:
+        """Whether writes are heard of now (answers are kept `notified_ttl_s`)."""
+        return self.clock() < self._heard_until
 
     @property
     def enabled(self) -> bool:
@@ -127,9 +146,12 @@ class ReadCache:
         hit = self._entries.get(key)
         if hit is None:
             return None
-        until, _size, value = hit
-        if self._generation != _commits or until <= self.clock():
+        until, kept_at, _size, value = hit
+        now = self.clock()
+        if self._generation != _commits or until <= now:
             return None  # dropped at the next put
+        if now - kept_at >= self.ttl_s and now >= self._heard_until:
+            return None  # kept longer only while writes are heard of
         return value
 
     def put(self, key: Hashable, value: Any, generation: int) -> None:
@@ -143,9 +165,12 @@ class ReadCache:
             if generation != _commits:
                 return
             now = self.clock()  # under the lock, so entries go in the order they expire
-            if generation != self._generation:  # everything kept is older than a commit
+            keep_s = self.notified_ttl_s if now < self._heard_until else self.ttl_s
+            # Everything kept is older than a commit, or would outlive this entry.
+            if generation != self._generation or keep_s < self._keep_s:
                 self._entries.clear()
                 self._bytes, self._generation = 0, generation
+            self._keep_s = keep_s
             self._drop(key)  # kept again: it moves to the newest end
             while self._entries and (
                 len(self._entries) >= self.max_entries
@@ -153,8 +178,7 @@ class ReadCache:
                 or self._oldest_until() <= now
             ):
                 self._drop(next(iter(self._entries)))
-            keep_s = self.notified_ttl_s if self.listening else self.ttl_s
-            self._entries[key] = (now + keep_s, size, value)
+            self._entries[key] = (now + keep_s, now, size, value)
             self._bytes += size
 
     def _oldest_until(self) -> float:
@@ -163,4 +187,4 @@ class ReadCache:
     def _drop(self, key: Hashable) -> None:
         gone = self._entries.pop(key, None)
         if gone is not None:
-            self._bytes -= gone[1]
+            self._bytes -= gone[2]

@@ -38,22 +38,47 @@ def test_an_answer_is_given_again_until_its_time_is_up() -> None:
     assert cache.get("never kept") is None
 
 
-def test_kept_longer_while_told_of_every_write_and_dropped_when_no_longer() -> None:
+def test_kept_longer_only_while_writes_are_heard_of() -> None:
     clock = Clock()
     cache = ReadCache(1.0, notified_ttl_s=10.0, clock=clock)
-    cache.listening = True  # as a connected WriteListener sets it
+    cache.put("short", "answer", commits())  # nothing heard yet: read_cache_s
+    clock.now = 1.0
+    assert cache.get("short") is None
+    cache.heard(sent_at=1.0)  # a listener's own notice, sent at 1.0, came back
+    assert cache.listening
     cache.put("k", "answer", commits())
-    clock.now = 9.99
+    for now in (1.5, 2.5, 5.0):  # heard of again and again: kept up to 10 s
+        clock.now = now
+        cache.heard(sent_at=now - 0.1)
+        assert cache.get("k") == "answer"
+    moved_on()  # a notice of another process's write
+    assert cache.get("k") is None
+    cache.put("k", "answer", commits())
+    # Nothing heard after 5.0 (the listener stalled or cut off): past ttl_s since the
+    # last notice was sent, what was kept longer than ttl_s is not given.
+    clock.now = 5.8
     assert cache.get("k") == "answer"
-    moved_on()  # a notice: another process wrote
+    clock.now = 6.05
+    assert not cache.listening
     assert cache.get("k") is None
+    # Heard again (the listener moved the count on before it was): kept longer again.
+    clock.now = 7.0
+    cache.heard(sent_at=7.0)
     cache.put("k", "answer", commits())
-    cache.listening = False  # the listener lost its connection: it moves the count on
-    moved_on()
-    assert cache.get("k") is None
-    cache.put("k", "answer", commits())
-    clock.now += 1.0
-    assert cache.get("k") is None  # kept read_cache_s only, while nobody is told
+    clock.now = 9.0
+    cache.heard(sent_at=9.0)
+    assert cache.get("k") == "answer"
+
+
+def test_a_put_kept_for_less_drops_what_was_kept_for_longer() -> None:
+    """Entries expire in the order they were kept, even when hearing stops."""
+    clock = Clock()
+    cache = ReadCache(1.0, notified_ttl_s=10.0, clock=clock)
+    cache.heard(sent_at=0.0)
+    cache.put("long", "answer", commits())
+    clock.now = 1.0  # heard nothing since 0.0: read_cache_s again
+    cache.put("short", "answer", commits())
+    assert len(cache) == 1 and cache.get("short") == "answer"
 
 
 def test_a_commit_in_this_process_drops_every_answer_and_one_read_before_it(
