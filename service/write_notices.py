@@ -30,7 +30,8 @@ from service.read_cache import ReadCache, moved_on
 log = logging.getLogger(__name__)
 
 CHANNEL = "shardline_writes"  # migrations/versions/0008_write_notices.py
-TRIGGERS = ("shardline_writes_users", "shardline_writes_api_tokens", "shardline_writes_jobs")
+# The migration's triggers, one per table a cached read shows.
+TRIGGERS = tuple(f"shardline_writes_{table}" for table in ("users", "api_tokens", "jobs"))
 PING = "ping:"  # a listener's own notices start so; the triggers' are empty
 APPLICATION_NAME = "shardline-write-notices"  # how it shows in pg_stat_activity
 RETRY_S = 1.0  # between attempts to connect again

@@ -60,7 +60,6 @@ class CheckpointManager:
         )
         self._mark: float | None = None  # when the last save call had joined its snapshot
         self._last_save: str | None = None  # what that call saved: "snapshot", "checkpoint"
-        self._logged: dict[str, Any] | None = None  # the step being saved's metrics, if logged
         if policy.memory_every_steps == 0:  # no memory tier: nothing to restore from it
             where = replace(where, snapshot_url=None)
         self.policy = policy
@@ -125,7 +124,6 @@ class CheckpointManager:
         `logged`: the step's metrics where it is a logged step. They go into what is saved:
         a save may commit before rank 0 hands them on, and a world restored from it trains
         on after this step and never logs it again (the restore event carries them)."""
-        self._logged = logged
         if self.memory is not None:
             # A snapshot overlaps one step at most: once this step is done, so is the
             # previous snapshot, and a death loses at most memory_every_steps steps.
@@ -133,11 +131,11 @@ class CheckpointManager:
             self._time_step(step)
         if self._storage_due(step, last_step):
             self._last_save = "checkpoint"
-            return {"checkpoint_blocking_s": self.save_now(step)}
+            return {"checkpoint_blocking_s": self.save_now(step, logged)}
         if self.memory is not None and self.cadence.due(step):
             self._last_save = "snapshot"
             self.cadence.taken(step)
-            held = self.memory.save(step, self.tensors.state_dict(), self._small(step))
+            held = self.memory.save(step, self.tensors.state_dict(), self._small(step, logged))
             return {"snapshot_blocking_s": held}
         self._last_save = None
         return {}
@@ -157,12 +155,12 @@ class CheckpointManager:
         if self._storage_due(step, last_step=True):
             self.save_now(step)
 
-    def save_now(self, step: int) -> float:
-        """A storage checkpoint of `step`, whatever the policy says; returns the seconds
-        training was held."""
+    def save_now(self, step: int, logged: dict[str, Any] | None = None) -> float:
+        """A storage checkpoint of `step` (with its metrics where `logged`), whatever the
+        policy says; returns the seconds training was held."""
         if self.storage is None or self.storage.store is None:
             raise RuntimeError("this run has no checkpoint folder to save into")
-        held = self.storage.save(step, self.tensors.state_dict(), self._small(step))
+        held = self.storage.save(step, self.tensors.state_dict(), self._small(step, logged))
         self.last_saved_step = step
         return held
 
@@ -173,11 +171,11 @@ class CheckpointManager:
         every = self.policy.every_steps
         return last_step or (every > 0 and step % every == 0)
 
-    def _small(self, step: int) -> dict[str, Any]:
+    def _small(self, step: int, logged: dict[str, Any] | None) -> dict[str, Any]:
         small = {"step": step, **{name: part.state_dict() for name, part in self.small.items()}}
-        if self._logged is not None and self._logged.get("step") == step:
+        if logged is not None:
             # A copy: the trainer adds the save's own figures to its dict afterwards.
-            small[RESTORED_METRICS] = dict(self._logged)
+            small[RESTORED_METRICS] = dict(logged)
         return small
 
     def in_flight(self) -> list[threading.Thread]:
