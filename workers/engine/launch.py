@@ -106,11 +106,7 @@ def run_rank(
             on_event=(lambda event: report("event", event.message)) if rank == 0 else None,
             grad_hook=slow if slow is not None and slow.rank == rank else None,
         )
-        stop_at = local.stop_after_step
-        summary = trainer.train(
-            (lambda step: step >= stop_at) if stop_at is not None else None,
-            save_on_stop=lambda: True,
-        )
+        summary = trainer.train(stop_after=local.stop_after_step)
     except BaseException:
         abandon_world()
         raise

@@ -6,9 +6,10 @@ from __future__ import annotations
 class NonFiniteLoss(ArithmeticError):
     """The loss of `step` (which trained batch `batch`) is NaN or infinite.
 
-    Every rank raises it at the same step: the loss is averaged over the whole world
-    before it is checked, so the decision needs no collective of its own. The optimizer
-    step has already been taken, so the model cannot simply carry on: the job rolls back
+    Every rank raises it at the same vote (workers/engine/step_outcome.py), for the
+    earliest step any rank saw a non-finite loss at since the last vote; no save comes
+    between. The optimizer steps have been taken, so the model cannot simply carry on:
+    the job rolls back
     to its newest snapshot and skips the batch (workers/supervisor_recovery.py).
     """
 

@@ -45,7 +45,7 @@ from workers.engine.pipeline import build_schedule
 from workers.engine.precision import DynamicLossScaler, autocast, finite_or_none
 from workers.engine.schedule import lr_at
 from workers.engine.step_clock import PARTS, PIPELINE, StepClock
-from workers.engine.step_outcome import SaveRequest, StopRequest, StopVote, agree
+from workers.engine.step_outcome import SaveRequest, StepLedger, StopRequest, StopVote
 from workers.storage.layout import CheckpointLocations
 from workers.storage.skipped_batches import SkippedBatches
 
@@ -183,6 +183,8 @@ class Trainer:
         if self.async_dp is not None:
             self.async_dp.start(self.step)
         self.vote = StopVote()  # train() fills in who asks to stop
+        self.ledger = StepLedger(self.device, self.vote, loss_copies=self.dims.dp * self.dims.tp)
+        self.ledger.start_at(self.step)
 
     def lr_at(self, step: int) -> float:
         """The schedule's learning rate at `step` (a function of the step alone)."""
@@ -281,6 +283,8 @@ class Trainer:
         logged = self._should_log(step)
         clock = self.clock
         clock.arm(logged)
+        if logged and self.device.type == "cuda":  # its time is its own, not queued work's
+            torch.cuda.synchronize(self.device)
         start = time.perf_counter()
         with clock.part("data"):
             rows = self.loader.train_batch(step).to(self.device)
@@ -325,17 +329,14 @@ class Trainer:
                 more = self.outer.state_tensors() if self.outer is not None else []
                 memory = memory_held(params, self.optimizers, more)
             self.optimizers.zero_grad(set_to_none=True)
-        with clock.part("comm"):
-            if self.outer is None or syncs or logged:
-                # The loss's mean and the stop vote, in one all-reduce.
-                copies = self.dims.dp * self.dims.tp
-                loss_value = agree(local_loss, self.vote, step, loss_copies=copies)
-            else:  # a local SGD replica between syncs: nothing crosses replicas
-                loss_value = float(local_loss.item())
-        if not math.isfinite(loss_value):  # the same value on every rank: all raise
-            raise NonFiniteLoss(step, loss_value, self.loader.batch_of(step))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.ledger.note(step, local_loss)
+        loss_value: float | None = None  # known only where the ranks vote
+        if self._votes(step, logged, syncs):
+            with clock.part("comm"):
+                # The loss's mean, the stop vote and any non-finite loss, in one all-reduce.
+                loss_value = self.ledger.settle(step, local_loss, self.loader.batch_of)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - start
         self.step = step
         if memory is not None:  # gathered over the world after the step (see train)
@@ -368,6 +369,18 @@ class Trainer:
                 skipped_steps=self.scaler.skipped_steps,
             )
         return metrics
+
+    def _votes(self, step: int, logged: bool, syncs: bool) -> bool:
+        """Whether the ranks agree after `step` (workers/engine/step_outcome.py): where
+        it logs, evaluates or saves (no save may hold a state past a non-finite loss), and
+        on the ledger's cadence; a local SGD replica only at its syncs (it stops only
+        there, and nothing crosses replicas between)."""
+        last = step == self.spec.train.steps
+        if logged or self._should_eval(step) or self.checkpoints.due(step, last_step=last):
+            return True
+        if self.outer is not None:
+            return syncs or step == self.vote.stop_after
+        return self.ledger.due(step)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         """Hand a logged step's metrics on, with every rank's part of them where the ranks
@@ -459,10 +472,12 @@ class Trainer:
         should_stop: StopRequest | None = None,
         *,
         save_on_stop: SaveRequest | None = None,
+        stop_after: int | None = None,
     ) -> dict[str, Any]:
         """Train to `train.steps`, or until the ranks agree to stop (any rank's
         `should_stop(step)` as a step ends; then a checkpoint if any rank's `save_on_stop()`
-        says so: workers/engine/step_outcome.py); returns the run summary."""
+        says so: workers/engine/step_outcome.py), or after `stop_after` with a checkpoint;
+        returns the run summary."""
         total = self.spec.train.steps
         log.info(
             "training %s for %d steps (%s) from step %d",
@@ -471,7 +486,9 @@ class Trainer:
             self.layout,
             self.step,
         )
-        self.vote = StopVote(should_stop, save_on_stop)
+        self.vote = StopVote(should_stop, save_on_stop, stop_after)
+        self.ledger = StepLedger(self.device, self.vote, loss_copies=self.dims.dp * self.dims.tp)
+        self.ledger.start_at(self.step)
         try:
             return self._train(total)
         except BaseException:

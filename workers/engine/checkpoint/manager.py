@@ -140,6 +140,13 @@ class CheckpointManager:
         self._last_save = None
         return {}
 
+    def due(self, step: int, *, last_step: bool = False) -> bool:
+        """Whether the save call after `step` may save. Until the last snapshot has
+        joined (in that call) its successor's step is not known: then yes."""
+        if self._storage_due(step, last_step):
+            return True
+        return self.memory is not None and self.cadence.due(step)
+
     def _time_step(self, step: int) -> None:
         """The cadence's clock: from the last save call's join to this one's (a step,
         what that call saved, and any wait for a snapshot to commit)."""
