@@ -1,5 +1,5 @@
 """The step's loss and the decision to stop, agreed by every rank in one collective, on
-the steps that need it; between them nothing crosses ranks and nothing is read back.
+the steps that need it; between them the vote adds no collective and no host read.
 
 A stop request (a pause, a grow-back) reaches each rank on its own: a Ray call lands on
 one rank a moment before the next. Were each rank to stop when it alone saw the request,
@@ -13,9 +13,15 @@ step. So the ranks vote only where they must agree anyway: a logged step (its lo
 averaged over the world), a step that saves (no checkpoint may hold a state trained past a
 non-finite loss), a known stop step (`shardline train --stop-after-step`), and otherwise
 every `every` steps, so that a stop comes within about `STOP_WITHIN_S`. Rank 0 proposes
-`every` from the time its steps take; the proposal travels in the vote, so every rank
-applies the same one. Between votes each rank keeps the first step whose loss was not
-finite on the device (a few scalar ops, no sync); the vote finds it on any rank.
+`every` from the time its steps took since the last vote; the proposal travels in the
+vote, so every rank applies the same one (steps that slow down after a fast stretch can
+hold a stop for up to `MAX_EVERY` of them). Between votes each rank keeps the first step
+whose loss was not finite on the device (a few scalar ops, no sync); the vote finds it on
+any rank.
+
+What else a step reads back or reduces is the layout's, not the vote's: clipping's norm
+is read on the host every step, and all-reduced over the world where gradients are
+sharded (FSDP, tensor or pipeline parallel); fp16's loss scaler agrees its overflow flag.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ import torch.distributed as dist
 
 from workers.engine.nonfinite import NonFiniteLoss
 
-# Asked as step N ends (N given), before the ranks agree: True stops after step N.
+# Asked as a voting step N ends (N given), before the ranks agree: True stops after step N.
+# Only voting steps ask, so a request must stay true once made (a flag, `step >= N`).
 StopRequest = Callable[[int], bool]
 SaveRequest = Callable[[], bool]
 
@@ -161,6 +168,12 @@ class StepLedger:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
         step = int(first.item())
-        # The value where this rank saw it at that step; another rank's is not sent.
-        loss = float(self._bad_loss) if int(self._first_bad) == step else math.nan
-        raise NonFiniteLoss(step, loss, batch_of(step))
+        # The loss where it was seen at that step (a rank without the loss, under pipeline
+        # parallelism, would otherwise say nan for an inf): summed from the ranks that saw
+        # it, over how many did.
+        mine = self._first_bad == step
+        seen = torch.stack([torch.where(mine, self._bad_loss, 0.0).double(), mine.double()])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(seen)
+        total, ranks = seen.tolist()
+        raise NonFiniteLoss(step, total / ranks if ranks else math.nan, batch_of(step))

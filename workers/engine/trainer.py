@@ -185,6 +185,7 @@ class Trainer:
         self.vote = StopVote()  # train() fills in who asks to stop
         self.ledger = StepLedger(self.device, self.vote, loss_copies=self.dims.dp * self.dims.tp)
         self.ledger.start_at(self.step)
+        self.drained_s = 0.0  # a logged step's wait for the earlier steps' queued work
 
     def lr_at(self, step: int) -> float:
         """The schedule's learning rate at `step` (a function of the step alone)."""
@@ -283,8 +284,12 @@ class Trainer:
         logged = self._should_log(step)
         clock = self.clock
         clock.arm(logged)
+        self.drained_s = 0.0
         if logged and self.device.type == "cuda":  # its time is its own, not queued work's
+            # What the steps before still had queued is theirs (the run's summary adds it).
+            drain = time.perf_counter()
             torch.cuda.synchronize(self.device)
+            self.drained_s = time.perf_counter() - drain
         start = time.perf_counter()
         with clock.part("data"):
             rows = self.loader.train_batch(step).to(self.device)
@@ -475,9 +480,9 @@ class Trainer:
         stop_after: int | None = None,
     ) -> dict[str, Any]:
         """Train to `train.steps`, or until the ranks agree to stop (any rank's
-        `should_stop(step)` as a step ends; then a checkpoint if any rank's `save_on_stop()`
-        says so: workers/engine/step_outcome.py), or after `stop_after` with a checkpoint;
-        returns the run summary."""
+        `should_stop(step)` as a voting step ends, which must stay true once it is; then a
+        checkpoint if any rank's `save_on_stop()` says so: workers/engine/step_outcome.py),
+        or after `stop_after` with a checkpoint; returns the run summary."""
         total = self.spec.train.steps
         log.info(
             "training %s for %d steps (%s) from step %d",
@@ -501,6 +506,8 @@ class Trainer:
         last: dict[str, Any] = {}
         while self.step < total and not self._stops_here():
             metrics = self.train_step() if self.async_dp is None else self._train_round()
+            if step_times:  # the earlier step's work this one waited for first (GPU)
+                step_times[-1] += self.drained_s
             step_times.append(metrics["step_time_s"])
             if self._should_eval(self.step):
                 metrics["val_loss"] = self.evaluate()
