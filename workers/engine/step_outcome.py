@@ -80,15 +80,15 @@ def agree(
     pipeline stage's dp x tp ranks (tensor-parallel peers each hold the same value); ranks
     without the loss contribute 0.
     """
-    loss, _, _ = _sum_votes(local_loss, vote, step, [])
+    loss, _ = _sum_votes(local_loss, vote, step, [])
     return loss / loss_copies
 
 
 def _sum_votes(
     local_loss: torch.Tensor, vote: StopVote, step: int, more: list[torch.Tensor]
-) -> tuple[float, bool, list[float]]:
+) -> tuple[float, list[float]]:
     """One all-reduce (sum) of `[loss, stop, save, *more]`; records the agreed stop and
-    save in `vote` and returns (the loss's sum, whether anyone stops, the sums of more)."""
+    save in `vote` and returns (the loss's sum, the sums of more)."""
     stop, save = vote.own(step)
     device = local_loss.device
     values = torch.cat(
@@ -103,7 +103,7 @@ def _sum_votes(
     loss, stops, saves, *rest = values.tolist()
     vote.stop = vote.stop or stops > 0
     vote.save = vote.save or saves > 0
-    return loss, stops > 0, rest
+    return loss, rest
 
 
 class StepLedger:
@@ -139,7 +139,7 @@ class StepLedger:
         NonFiniteLoss (on every rank alike) where any rank saw one since the last vote."""
         bad = (self._first_bad > 0).double()
         proposal = torch.tensor(float(self._proposal(step)), dtype=torch.float64)
-        loss, _, (bads, every) = _sum_votes(
+        loss, (bads, every) = _sum_votes(
             local_loss, self.vote, step, [bad, proposal.to(bad.device)]
         )
         if bads > 0:
