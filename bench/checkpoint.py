@@ -29,8 +29,8 @@ import torch
 
 from workers.contract.net import free_port
 from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.state import ModelAndOptimizer
-from workers.engine.checkpoint.tier import CheckpointTier
+from workers.engine.checkpoint.state import ModelAndOptimizer, OptimizerState
+from workers.engine.checkpoint.storage_tier import StorageTier
 from workers.engine.distributed import init_world, leave_world, pick_device
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
@@ -81,8 +81,8 @@ def build(dim: int, layers: int, device: torch.device) -> Trainer:
     return trainer
 
 
-def checkpointer(folder: Path, async_save: bool) -> CheckpointTier:
-    return CheckpointTier(
+def checkpointer(folder: Path, async_save: bool) -> StorageTier:
+    return StorageTier(
         CheckpointStore(str(folder)),
         keep_last=10,
         async_save=async_save,
@@ -92,7 +92,9 @@ def checkpointer(folder: Path, async_save: bool) -> CheckpointTier:
 
 
 def measure(trainer: Trainer, folder: Path) -> dict[str, Any]:
-    state = ModelAndOptimizer(trainer.parts, trainer.optimizers).state_dict()
+    state = ModelAndOptimizer(
+        trainer.parts.modules, OptimizerState(trainer.optimizers)
+    ).state_dict()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     before = raw_write_read(folder, nbytes)
 

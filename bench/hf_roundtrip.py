@@ -22,11 +22,14 @@ from typing import Any
 
 import torch
 
-from workers.contract.hf_config import llama_config
 from workers.engine.generate import generate
 from workers.engine.hf_export import write_safetensors
 from workers.engine.hf_weights import load_init_from, to_hf_state
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.models.family import load_family
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer
+
+LLAMA = load_family("llama")
 
 
 def _naive_greedy(model: Transformer, prompt: list[int], new_tokens: int) -> list[int]:
@@ -56,10 +59,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         start = time.perf_counter()
-        tensors = to_hf_state({k: v.cpu() for k, v in source.state_dict().items()}, shape)
+        tensors = to_hf_state(
+            {k: v.cpu() for k, v in source.state_dict().items()}, LLAMA.state_dict_adapter(shape)
+        )
         write_safetensors(tensors, folder, max_bytes=5 * 1024**3)
         resolved = {**shape.__dict__}
-        config = llama_config(resolved, bos_token_id=None, eos_token_id=None)
+        config = LLAMA.config.hf_config(resolved, bos_token_id=None, eos_token_id=None)
         (folder / "config.json").write_text(json.dumps(config))
         export_s = time.perf_counter() - start
         nbytes = sum(p.stat().st_size for p in folder.iterdir())
@@ -67,15 +72,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.manual_seed(1)
         target = Transformer(shape).to(device).eval()
         start = time.perf_counter()
-        load_init_from([target], folder, shape)
+        load_init_from([target], folder, LLAMA, shape)
         import_s = time.perf_counter() - start
     for name, value in source.state_dict().items():
         assert torch.equal(value, target.state_dict()[name]), name
 
     prompt = list(range(1, 17))
-    generate(target, prompt, max_new_tokens=4)  # warm-up
+    generate(target, prompt, family=LLAMA, max_new_tokens=4)  # warm-up
     start = time.perf_counter()
-    cached = generate(target, prompt, max_new_tokens=args.new_tokens)
+    cached = generate(target, prompt, family=LLAMA, max_new_tokens=args.new_tokens)
     cached_s = time.perf_counter() - start
     start = time.perf_counter()
     naive = _naive_greedy(target, prompt, args.new_tokens)

@@ -37,9 +37,10 @@ from workers.contract.sections import MAX_STEPS
 from workers.contract.spec import JobSpec, load_spec
 from workers.engine.calibrate import seconds_per_call
 from workers.engine.compiling import apply_compile
-from workers.engine.data import build_loader
+from workers.engine.data.loader import build_loader
 from workers.engine.distributed import init_world, leave_world, pick_device
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer
 from workers.engine.precision import AUTOCAST_DTYPES
 from workers.engine.trainer import Trainer
 
@@ -78,7 +79,7 @@ class PlainLoop:
     def train_step(self) -> torch.Tensor:
         """One optimizer step; returns its mean loss, on the device (not read back)."""
         self.step += 1
-        rows = self.loader.train_batch(self.step).to(self.device)
+        rows = self.loader.train_batch(self.step).tokens.to(self.device)
         micro = self.spec.train.micro_batch_size
         n = rows.shape[0] // micro
         total = torch.zeros((), device=self.device)

@@ -173,6 +173,7 @@ def generate(
     new = run_generate(
         loaded.model,
         prompt_ids,
+        family=loaded.family,
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         eos_token_id=loaded.eos_token_id,

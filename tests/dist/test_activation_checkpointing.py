@@ -9,13 +9,18 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from tests.dist.runs import tiny_spec
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 
 
 def losses(device: torch.device, mode: str) -> tuple[list[float], Trainer]:
     metrics: list[dict[str, Any]] = []
-    trainer = Trainer(tiny_spec(train={"steps": 4, "activation_checkpointing": mode}),
-                      world_size=1, device=device, on_metrics=metrics.append)
+    trainer = Trainer(
+        tiny_spec(train={"steps": 4, "activation_checkpointing": mode}),
+        world_size=1,
+        device=device,
+        hooks=TrainerHooks(on_metrics=metrics.append),
+    )
     trainer.train()
     return [m["loss"] for m in metrics], trainer
 

@@ -19,6 +19,9 @@ from workers.contract.memory_model import model_state_bytes
 from workers.contract.spec import JobSpec
 from workers.engine.launch import LocalCheckpoints, train_local
 from workers.engine.nonfinite import NonFiniteLoss
+from workers.engine.data.loader import Batch
+from workers.engine.experimental.async_dp import AsyncStrategy
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
 from workers.storage.layout import CheckpointLocations
@@ -34,7 +37,12 @@ def spec_of(mode: str, steps: int = 12) -> JobSpec:
 
 def _trained(rank: int, world_size: int, device: torch.device) -> tuple[Any, float]:
     metrics: list[dict[str, Any]] = []
-    trainer = Trainer(spec_of("async"), world_size=world_size, device=device, on_metrics=metrics.append)
+    trainer = Trainer(
+        spec_of("async"),
+        world_size=world_size,
+        device=device,
+        hooks=TrainerHooks(on_metrics=metrics.append),
+    )
     trainer.train()
     total = sum(float(p.detach().double().sum()) for p in trainer.parts.parameters())
     rows = [{k: v for k, v in m.items() if k != "breakdown"} for m in metrics]
@@ -83,9 +91,9 @@ def _moments(folder: str, mode: str, rank: int, world_size: int, device: torch.d
         checkpoints=CheckpointLocations(restore_from=(RestoreSource(folder),)),
     )
     assert trainer.step == 8
-    if trainer.async_dp is not None:
-        state = trainer.async_dp.shard.state_dict()
-        trainer.async_dp.close()  # its server waits for the other replica's word
+    if isinstance(trainer.strategy, AsyncStrategy):
+        state = trainer.strategy.replica.shard.state_dict()
+        trainer.strategy.close()  # its server waits for the other replica's word
     else:
         state = trainer.optimizers.state_dict()
     return sum(float(v.double().sum()) for k, v in state.items() if not k.endswith(".step"))
@@ -111,9 +119,9 @@ def _one_rank_diverges(rank: int, world_size: int, device: torch.device) -> tupl
     trained = trainer.forward_backward
     batches = [0]
 
-    def diverging(rows: torch.Tensor) -> torch.Tensor:
+    def diverging(batch: Batch) -> torch.Tensor:
         batches[0] += 1
-        loss = trained(rows)
+        loss = trained(batch)
         return loss * math.nan if rank == 1 and batches[0] == 3 else loss
 
     trainer.forward_backward = diverging  # type: ignore[method-assign]

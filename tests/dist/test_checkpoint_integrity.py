@@ -20,6 +20,7 @@ import torch
 from tests.dist.runs import tiny_spec
 from workers.storage.layout import CheckpointLocations
 from workers.storage.checkpoints import MANIFEST, CheckpointStore, RestoreSource
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 
 
@@ -46,8 +47,10 @@ def make_trainer(
         world_size=1,
         device=torch.device("cpu"),
         checkpoints=plan,
-        on_event=(lambda event: sink(event.message)) if sink else None,
-        on_checkpoint=commits.append if commits is not None else None,
+        hooks=TrainerHooks(
+            on_event=(lambda event: sink(event.message)) if sink else None,
+            on_checkpoint=commits.append if commits is not None else None,
+        ),
     )
 
 
@@ -146,7 +149,7 @@ def test_a_run_that_finds_nothing_to_restore_trains_like_a_fresh_one(
     losses = []
     for trainer in (fresh, looked):
         metrics: list[dict[str, Any]] = []
-        trainer.on_metrics = metrics.append
+        trainer.metrics.on_metrics = metrics.append
         trainer.train()
         losses.append([m["loss"] for m in metrics])
     assert len(losses[0]) == 6 and losses[0] == losses[1]

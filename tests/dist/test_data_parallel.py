@@ -14,6 +14,7 @@ from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
 from workers.contract.memory_model import model_state_bytes
 from workers.engine.dtensor import local_part
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 
 
@@ -96,7 +97,12 @@ def inside_a_zero_step(
         seen["params_at_step"] = held_fraction(params)
         seen["grads_at_step"] = held_fraction([p.grad for p in params if p.grad is not None])
 
-    trainer = Trainer(spec, world_size=world_size, device=device, grad_hook=at_optimizer_step)
+    trainer = Trainer(
+        spec,
+        world_size=world_size,
+        device=device,
+        hooks=TrainerHooks(after_backward=at_optimizer_step),
+    )
 
     def after_last_block(_module: nn.Module, _args: Any) -> None:
         # Every block has run forward; none has run backward yet.

@@ -32,7 +32,9 @@ def sent(metrics: list[dict[str, Any]]) -> list[int]:
 
 
 def test_sync_sends_every_fp32_gradient_each_step(runs: dict[str, list[dict[str, Any]]]) -> None:
-    from workers.engine.model import ModelArgs, Transformer, count_params
+    from workers.engine.models.family import count_params
+    from workers.engine.models.llama.config import ModelArgs
+    from workers.engine.models.llama.model import Transformer
 
     spec = tiny_spec()
     args = ModelArgs.from_resolved(spec.model.resolved())

@@ -18,7 +18,7 @@ from workers.contract.local_sgd import DeltaDtype, LocalSgd
 from workers.contract.spec import JobSpec
 from workers.engine.grad_compression import GradTraffic
 from workers.engine.launch import LocalCheckpoints, train_local
-from workers.engine.local_sgd import OuterStep
+from workers.engine.experimental.local_sgd import OuterStep
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore, RestoreSource
 from workers.storage.layout import CheckpointLocations

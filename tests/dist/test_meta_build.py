@@ -13,10 +13,12 @@ import torch
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
 from workers.engine.dtensor import plain
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer
 from workers.engine.optimizer import model_name
 from workers.engine.parallel import ParallelDims
 from workers.engine.parts import build_model_parts
+from workers.engine.models.family import load_family
 from workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                         {}),
 }
 
+LLAMA = load_family("llama")
+
 
 def digest(value: torch.Tensor) -> str:
     return hashlib.sha256(value.detach().contiguous().numpy().tobytes()).hexdigest()
@@ -42,7 +46,7 @@ def initial_weight_hashes(layout: tuple[dict[str, Any], dict[str, Any]], rank: i
     """The hash of the full value of every parameter this rank holds (some of), by name."""
     spec = tiny_spec(parallel=layout[0], train=layout[1])
     dims = ParallelDims.from_spec(spec.parallel, world_size)
-    parts = build_model_parts(spec, dims=dims, mesh=dims.build_mesh("cpu"), device=device)
+    parts = build_model_parts(spec, LLAMA, dims=dims, mesh=dims.build_mesh("cpu"), device=device)
     # full_tensor() gathers a DTensor over its mesh: every rank of it calls it in the
     # same order, which named_parameters gives.
     return {model_name(name): digest(plain(p.data))
@@ -104,7 +108,7 @@ def build_peak_bytes(whole: bool, rank: int, world_size: int, device: torch.devi
     if whole:  # one process building the whole fp32 model on its host
         built: Any = Transformer(ModelArgs.from_resolved(spec.model.resolved()))
     else:
-        built = build_model_parts(spec, dims=dims, mesh=mesh, device=device)
+        built = build_model_parts(spec, LLAMA, dims=dims, mesh=mesh, device=device)
     peak = _status_kib("VmHWM")
     del built
     return (peak - before) * 1024

@@ -15,6 +15,7 @@ import torch
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore
 from workers.storage.layout import CheckpointLocations
@@ -28,18 +29,18 @@ def _train_while_rank_1_dies(folder: str, rank: int, world_size: int, device: to
         tiny_spec(parallel={"dp": 2}, train={"steps": 6}, checkpoint={"every_steps": DIES_AT}),
         world_size=world_size,
         device=device,
-        on_metrics=seen.append,
         checkpoints=CheckpointLocations(save_url=folder),
+        hooks=TrainerHooks(on_metrics=seen.append),
     )
     if rank == 1:  # dies once its step-2 checkpoint is in, as the step's metrics gather
-        gather = trainer._gather_logged
+        gather = trainer.metrics._gather
 
         def dies(metrics: dict[str, Any]) -> None:
             if metrics["step"] == DIES_AT:
                 os._exit(0)
             gather(metrics)
 
-        trainer._gather_logged = dies  # type: ignore[method-assign]
+        trainer.metrics._gather = dies  # type: ignore[method-assign]
     with pytest.raises(Exception):  # noqa: B017 (gloo's error for a peer gone)
         trainer.train()
     return [m["step"] for m in seen]

@@ -17,6 +17,7 @@ from torch import nn
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
 from workers.engine.dtensor import local_part
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import RestoreSource
 from workers.storage.layout import CheckpointLocations
@@ -46,7 +47,12 @@ def inside_a_mixed_precision_step(
 
     spec = tiny_spec(precision=precision, parallel={"dp": world_size, "zero_stage": 2},
                      train={"steps": 2})
-    trainer = Trainer(spec, world_size=world_size, device=device, grad_hook=at_optimizer_step)
+    trainer = Trainer(
+        spec,
+        world_size=world_size,
+        device=device,
+        hooks=TrainerHooks(after_backward=at_optimizer_step),
+    )
     for module in trainer.model.modules():
         if isinstance(module, nn.Linear):
             module.register_forward_hook(lambda _m, _i, out: seen["matmul"].add(str(out.dtype)))
@@ -88,8 +94,12 @@ def test_fp16_skips_a_step_with_an_inf_and_backs_off(one_rank_world: torch.devic
             grad.view(-1)[0] = math.inf
 
     metrics: list[dict[str, Any]] = []
-    trainer = Trainer(tiny_spec(precision="fp16", train={"steps": 12}), world_size=1,
-                      device=one_rank_world, on_metrics=metrics.append, grad_hook=poison)
+    trainer = Trainer(
+        tiny_spec(precision="fp16", train={"steps": 12}),
+        world_size=1,
+        device=one_rank_world,
+        hooks=TrainerHooks(on_metrics=metrics.append, after_backward=poison),
+    )
     weights_at: dict[int, dict[str, torch.Tensor]] = {}
     original_step = trainer.train_step
 
@@ -129,16 +139,23 @@ def test_fp16_resume_restores_the_loss_scaler(
 
     spec = tiny_spec(precision="fp16", train={"steps": 6}, checkpoint={"every_steps": 3})
 
-    def trainer(folder: Path, resume: bool, **hooks: Any) -> tuple[Trainer, list[Any]]:
+    def trainer(
+        folder: Path, resume: bool, after_backward: Any = None
+    ) -> tuple[Trainer, list[Any]]:
         metrics: list[dict[str, Any]] = []
         where = CheckpointLocations(
             save_url=str(folder), restore_from=(RestoreSource(str(folder)),) if resume else ()
         )
-        made = Trainer(spec, world_size=1, device=one_rank_world, checkpoints=where,
-                       on_metrics=metrics.append, **hooks)
+        made = Trainer(
+            spec,
+            world_size=1,
+            device=one_rank_world,
+            checkpoints=where,
+            hooks=TrainerHooks(on_metrics=metrics.append, after_backward=after_backward),
+        )
         return made, metrics
 
-    straight, whole = trainer(tmp_path / "straight", False, grad_hook=poison)
+    straight, whole = trainer(tmp_path / "straight", False, after_backward=poison)
     straight.train()
     at_save = {m["step"]: m for m in whole}[3]
     assert at_save["skipped_steps"] == 1 and at_save["loss_scale"] == 2.0**15

@@ -46,7 +46,9 @@ def test_validation_loss_beats_a_bigram_model_on_project_source(
     assert len(trainer.loader.val_tokens) > 1000, "corpus too small to say anything"
     # A model that sees only the current byte (broken attention) can do no better than
     # the bigram statistics of the text; one that uses context must beat them.
-    baseline = bigram_loss(trainer.loader.train_tokens, trainer.val_batches, 256)
+    baseline = bigram_loss(
+        trainer.loader.train_tokens, [b.tokens for b in trainer.val_batches], 256
+    )
     initial = trainer.evaluate()
     trainer.train()
     final = trainer.evaluate()

@@ -16,7 +16,8 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from tests.dist.ranks import on_ranks
 from workers.contract.events import RESTORED_METRICS, Event, EventKind
 from workers.engine.checkpoint.spread import SnapshotSpread
-from workers.engine.checkpoint.tier import CheckpointTier
+from workers.engine.checkpoint.memory_tier import MemoryTier
+from workers.engine.checkpoint.storage_tier import StorageTier
 from workers.storage.checkpoints import MANIFEST, CheckpointStore
 from workers.storage.layout import CheckpointLocations
 from workers.storage.snapshots import private_snapshot_dir
@@ -28,15 +29,11 @@ def _full(step: int) -> torch.Tensor:
     return torch.arange(ROWS * 4, dtype=torch.float32).reshape(ROWS, 4) * step
 
 
-def _tier(folder: str, events: list[Event]) -> CheckpointTier:
+def _tier(folder: str, events: list[Event]) -> MemoryTier:
     private_snapshot_dir(Path(folder))
-    return CheckpointTier(
+    return MemoryTier(
         CheckpointStore(folder),
-        keep_last=1,
-        async_save=True,
         info={"layout": "test"},
-        on_event=lambda event: None,  # as the manager's: every save to the log only
-        kind="snapshot",
         on_report=events.append,  # what the job's events are told
     )
 
@@ -69,7 +66,7 @@ def _restore(folders: list[str], rank: int, world: int, device: torch.device) ->
     mesh = init_device_mesh("cpu", (world,))
     events: list[Event] = []
     memory = _tier(folders[rank], events)
-    storage = CheckpointTier(None, keep_last=1, async_save=False, info={}, on_event=events.append)
+    storage = StorageTier(None, keep_last=1, async_save=False, info={}, on_event=events.append)
     where = CheckpointLocations(save_url=None, restore_from=(), snapshot_url=folders[rank])
 
     def template(manifest: dict[str, Any]) -> dict[str, torch.Tensor]:

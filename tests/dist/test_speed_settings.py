@@ -13,6 +13,7 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 
 
@@ -32,7 +33,12 @@ def bf16_training(policy: bool, rank: int, world_size: int, device: torch.device
                                                  "fsdp_mixed_precision": policy},
                      train={"steps": 20})
     metrics: list[dict[str, Any]] = []
-    trainer = Trainer(spec, world_size=world_size, device=device, on_metrics=metrics.append)
+    trainer = Trainer(
+        spec,
+        world_size=world_size,
+        device=device,
+        hooks=TrainerHooks(on_metrics=metrics.append),
+    )
     gathered: set[str] = set()
     for module in trainer.model.modules():
         if isinstance(module, nn.Linear):

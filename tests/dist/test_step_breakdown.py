@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 from workers.storage.layout import CheckpointLocations
 
@@ -26,9 +27,11 @@ def test_logged_steps_carry_each_ranks_breakdown_and_the_checkpoint_wait(
         spec,
         world_size=1,
         device=one_rank_world,
-        on_metrics=logged.append,
-        on_step=lambda step: armed.update({step: trainer.clock.armed}),
         checkpoints=CheckpointLocations(save_url=str(tmp_path)),
+        hooks=TrainerHooks(
+            on_metrics=logged.append,
+            on_step=lambda step: armed.update({step: trainer.clock.armed}),
+        ),
     )
     trainer.train()
     assert armed == {1: True, 2: True, 3: False, 4: True}  # only logged steps are timed

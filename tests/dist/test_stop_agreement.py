@@ -20,6 +20,7 @@ from tests.dist.runs import tiny_spec
 from workers.engine import step_outcome
 from workers.engine.nonfinite import NonFiniteLoss
 from workers.engine.step_outcome import StepLedger
+from workers.engine.hooks import TrainerHooks
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore
 from workers.storage.layout import CheckpointLocations
@@ -92,7 +93,12 @@ def _poison_rank_1(step: int, modules: Any) -> None:
 def _nonfinite_between_votes(rank: int, world_size: int, device: torch.device) -> Any:
     voted = _votes_counted(every=100)
     spec = tiny_spec(parallel={"dp": 2}, train={"steps": 12, "log_every": 1000})
-    trainer = Trainer(spec, world_size=world_size, device=device, grad_hook=_poison_rank_1)
+    trainer = Trainer(
+        spec,
+        world_size=world_size,
+        device=device,
+        hooks=TrainerHooks(after_backward=_poison_rank_1),
+    )
     try:
         trainer.train()
     except NonFiniteLoss as err:

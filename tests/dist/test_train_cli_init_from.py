@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import yaml
 
 from tests.support.hf_models import save_random_llama
-from workers.engine.data import build_loader
+from workers.engine.data.loader import build_loader
 from workers.contract.data_access import DataAccess
 from workers.contract.hf_config import resolve_init_from
 from workers.contract.spec import load_spec
@@ -46,7 +46,7 @@ def test_train_starts_from_the_hugging_face_weights(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     first = json.loads(out.read_text().splitlines()[0])
     spec = resolve_init_from(load_spec(spec_path), DataAccess())
-    rows = build_loader(spec, dp_rank=0, dp_size=1).train_batch(1)
+    rows = build_loader(spec, dp_rank=0, dp_size=1).train_batch(1).tokens
     with torch.no_grad():
         logits = hf(rows[:, :-1]).logits
     expected = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())

@@ -21,7 +21,7 @@ import transformers
 from tests.e2e.conftest import Service, wait_for
 from tests.support.hf_models import save_random_llama
 from workers.contract.spec import JobSpec
-from workers.engine.data import build_loader
+from workers.engine.data.loader import build_loader
 from workers.engine.local_model import load_local_model
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
@@ -36,7 +36,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def first_batch_loss(model: torch.nn.Module, spec: JobSpec) -> float:
     """Loss of a transformers model on step 1's global batch (which depends only on the
     seed and the step, not on the layout)."""
-    rows = build_loader(spec, dp_rank=0, dp_size=1).train_batch(1)
+    rows = build_loader(spec, dp_rank=0, dp_size=1).train_batch(1).tokens
     with torch.no_grad():
         logits = model(rows[:, :-1]).logits
     return float(F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten()))

@@ -10,7 +10,7 @@ import torch
 
 from workers.contract.local_sgd import StalenessPolicy
 from workers.contract.spec import JobSpec
-from workers.engine.async_dp import ParameterShard, plan_shards
+from workers.engine.experimental.async_dp import ParameterShard, plan_shards
 
 
 def test_shards_serve_about_as_many_values_each_and_every_rank_plans_the_same() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from workers.contract.spec import JobSpec
-from workers.engine.corpus import SYNTHETIC_RUN, synthetic_tokens, text_tokens
-from workers.engine.data import BatchLoader, build_loader
-from workers.engine.tokenizer import ByteTokenizer
+from workers.engine.data.loader import BatchLoader, build_loader
+from workers.engine.data.sources import SYNTHETIC_RUN, synthetic_tokens, text_tokens
+from workers.engine.data.tokenizers import ByteTokenizer
 
 
 def loader(tokens: np.ndarray, dp_rank: int = 0, dp_size: int = 1, seed: int = 0) -> BatchLoader:
@@ -30,28 +30,29 @@ def loader(tokens: np.ndarray, dp_rank: int = 0, dp_size: int = 1, seed: int = 0
 
 def test_ranks_slices_make_up_the_single_process_batch() -> None:
     tokens = synthetic_tokens(256, seed=3)
-    whole = loader(tokens).train_batch(5)
-    parts = [loader(tokens, r, 4).train_batch(5) for r in range(4)]
+    whole = loader(tokens).train_batch(5).tokens
+    parts = [loader(tokens, r, 4).train_batch(5).tokens for r in range(4)]
     assert torch.equal(torch.cat(parts), whole)
     assert whole.shape == (8, 9)
 
 
 def test_batches_differ_by_step_and_seed_but_repeat_exactly() -> None:
     tokens = synthetic_tokens(256, seed=3)
-    assert torch.equal(loader(tokens).train_batch(5), loader(tokens).train_batch(5))
-    assert not torch.equal(loader(tokens).train_batch(5), loader(tokens).train_batch(6))
-    assert not torch.equal(loader(tokens).train_batch(5), loader(tokens, seed=1).train_batch(5))
+    five = loader(tokens).train_batch(5).tokens
+    assert torch.equal(five, loader(tokens).train_batch(5).tokens)
+    assert not torch.equal(five, loader(tokens).train_batch(6).tokens)
+    assert not torch.equal(five, loader(tokens, seed=1).train_batch(5).tokens)
 
 
 def test_validation_rows_come_only_from_the_held_out_tail() -> None:
     tokens = np.arange(1000, dtype=np.uint16)
     held = loader(tokens)
     assert len(held.val_tokens) == 100
-    for batch in held.val_batches():
+    for batch in (b.tokens for b in held.val_batches()):
         assert int(batch.min()) >= 900
         # Each row is a contiguous window of the stream.
         assert torch.equal(batch[:, 1:] - batch[:, :-1], torch.ones(8, 8, dtype=torch.int64))
-    assert int(held.train_batch(1).max()) < 900
+    assert int(held.train_batch(1).tokens.max()) < 900
 
 
 def test_synthetic_tokens_follow_a_learnable_permutation() -> None:
@@ -113,7 +114,7 @@ def test_token_bin_is_memory_mapped_and_ids_are_checked(tmp_path: Path) -> None:
         }
     )
     good = build_loader(spec, 0, 1)
-    assert good.train_batch(1).shape == (8, 17)
+    assert good.train_batch(1).tokens.shape == (8, 17)
     small = JobSpec.model_validate(
         {**spec.model_dump(), "model": {"vocab_size": 1000, "seq_len": 16}}
     )
@@ -156,7 +157,7 @@ def test_too_little_data_is_a_clear_error() -> None:
 def test_text_with_a_local_tokenizer_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from workers.engine.tokenizer import load_tokenizer
+    from workers.engine.data.tokenizers import load_tokenizer
 
     monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
     text = "the cat sat on the mat. the dog sat on the log.\n" * 20
@@ -205,3 +206,24 @@ def test_the_token_cache_drops_the_corpora_used_longest_ago_beyond_its_limit(
     text_tokens(corpora["c"], tok, vocab_size=256)  # 6,000 bytes: over the limit
     assert held() == {"a", "c"}  # "b", used longest ago, went
     assert sum(f.stat().st_size for f in cached.iterdir()) <= 5000
+
+
+def test_the_loader_s_position_is_a_state_dict_a_restore_gives_back() -> None:
+    tokens = synthetic_tokens(256, seed=3)
+    first = loader(tokens)
+    for step in range(1, 6):
+        first.train_batch(step)
+    saved = first.state_dict()
+    assert saved == {"step": 5}
+    again = loader(tokens)
+    again.load_state_dict(saved)
+    assert again.state_dict() == saved
+    # The next batch depends on the step alone: the restored loader gives the same one.
+    assert torch.equal(again.train_batch(6).tokens, first.train_batch(6).tokens)
+
+
+def test_a_batch_counts_every_target_of_the_global_batch() -> None:
+    tokens = synthetic_tokens(256, seed=3)
+    batch = loader(tokens, 1, 4).train_batch(2)
+    assert batch.tokens.shape == (2, 9)  # a quarter of the 8 rows, seq_len + 1 each
+    assert batch.global_loss_tokens == 8 * 8

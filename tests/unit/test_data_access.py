@@ -11,9 +11,8 @@ import pytest
 
 from workers.contract.data_access import PRIVATE_ENV, ROOTS_ENV, DataAccess, DataAccessDenied
 from workers.contract.spec import JobSpec
-from workers.engine.corpus import bin_tokens
-from workers.engine.data import load_corpus
-from workers.engine.tokenizer import load_tokenizer
+from workers.engine.data.sources import bin_tokens, load_tokens
+from workers.engine.data.tokenizers import load_tokenizer
 
 SECRET = "sl_admin_0123456789abcdef"
 
@@ -49,7 +48,7 @@ def test_the_environment_carries_the_rules(layout: dict[str, Path]) -> None:
 
 
 def test_text_inside_the_root_is_read(layout: dict[str, Path]) -> None:
-    tokens = load_corpus(text_spec(layout["root"] / "corpus"))
+    tokens = load_tokens(text_spec(layout["root"] / "corpus"))
     assert bytes(np.asarray(tokens[:11], dtype=np.uint8)) == b"hello world"
 
 
@@ -58,7 +57,7 @@ def test_a_symlink_in_a_folder_pointing_out_of_the_root_is_refused(
 ) -> None:
     (layout["root"] / "corpus" / "b.txt").symlink_to(layout["outside"] / "passwd")
     with pytest.raises(DataAccessDenied) as err:
-        load_corpus(text_spec(layout["root"] / "corpus"))
+        load_tokens(text_spec(layout["root"] / "corpus"))
     assert "outside the data roots" in str(err.value)
     assert str(layout["outside"]) not in str(err.value)
 
@@ -69,7 +68,7 @@ def test_a_file_swapped_for_a_symlink_after_submit_is_refused(layout: dict[str, 
     data.unlink()
     data.symlink_to(layout["outside"] / "passwd")
     with pytest.raises(DataAccessDenied):
-        load_corpus(spec)
+        load_tokens(spec)
 
 
 def test_a_symlinked_token_file_into_the_state_dir_is_refused(layout: dict[str, Path]) -> None:
@@ -79,18 +78,18 @@ def test_a_symlinked_token_file_into_the_state_dir_is_refused(layout: dict[str, 
         {"name": "x", "data": {"source": "tokens", "path": str(link)}, "model": {"vocab_size": 256}}
     )
     with pytest.raises(DataAccessDenied) as err:
-        load_corpus(spec)
+        load_tokens(spec)
     assert "service's own state" in str(err.value)
     assert SECRET not in str(err.value)
     with pytest.raises(DataAccessDenied):
-        load_corpus(text_spec(layout["root"]))  # a folder walk reaches the state dir too
+        load_tokens(text_spec(layout["root"]))  # a folder walk reaches the state dir too
 
 
 def test_the_tokenizer_file_is_checked_like_data(layout: dict[str, Path]) -> None:
     outside = layout["outside"] / "tokenizer.json"
     outside.write_text(json.dumps({"version": "1.0"}))
     with pytest.raises(DataAccessDenied) as err:
-        load_corpus(text_spec(layout["root"] / "corpus", tokenizer=str(outside)))
+        load_tokens(text_spec(layout["root"] / "corpus", tokenizer=str(outside)))
     assert err.value.args[0].startswith("data.tokenizer: ")
     with pytest.raises(DataAccessDenied):
         load_tokenizer(str(layout["state"] / "admin-token"), DataAccess.from_env())
@@ -104,7 +103,7 @@ def test_an_allowed_token_file_is_mapped(layout: dict[str, Path]) -> None:
 
 
 def test_out_of_range_errors_do_not_echo_the_data(layout: dict[str, Path]) -> None:
-    from workers.engine.data import build_loader
+    from workers.engine.data.loader import build_loader
 
     path = layout["root"] / "corpus" / "tokens.bin"
     np.full(4096, 54321, dtype=np.uint16).tofile(path)
@@ -125,7 +124,7 @@ def test_no_environment_means_no_restriction(
 ) -> None:
     monkeypatch.delenv(ROOTS_ENV)
     monkeypatch.delenv(PRIVATE_ENV)
-    tokens = load_corpus(text_spec(layout["outside"] / "passwd"))
+    tokens = load_tokens(text_spec(layout["outside"] / "passwd"))
     assert len(tokens) > 0
 
 

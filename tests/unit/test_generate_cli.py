@@ -21,10 +21,10 @@ from workers.contract.data_access import DataAccess
 from workers.contract.hf_config import resolve_init_from
 from workers.contract.net import free_port
 from workers.contract.spec import JobSpec
+from workers.engine.data.tokenizers import ByteTokenizer
 from workers.engine.distributed import init_world, leave_world
 from workers.engine.hf_export import export_checkpoint
 from workers.engine.local_model import load_local_model
-from workers.engine.tokenizer import ByteTokenizer
 from workers.engine.trainer import Trainer
 from workers.storage.checkpoints import CheckpointStore
 from workers.storage.layout import CheckpointLocations

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from workers.contract.data_access import DataAccess, DataAccessDenied
 from workers.contract.spec import JobSpec
-from workers.engine.hf_export import write_tokenizer
-from workers.engine.tokenizer import ByteTokenizer
+from workers.engine.data.tokenizer_files import write_tokenizer
+from workers.engine.data.tokenizers import ByteTokenizer
 
 
 def _tokenizer_file(folder: Path) -> Path:

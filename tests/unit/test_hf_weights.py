@@ -15,13 +15,16 @@ from workers.contract.data_access import ROOTS_ENV, DataAccessDenied
 from workers.contract.hf_config import shape_from_config
 from workers.engine.generate import Sampling, generate
 from workers.engine.hf_export import write_safetensors
-from workers.engine.hf_weights import (
+from workers.engine.hf_weights import load_init_from, to_hf_state
+from workers.engine.models.family import load_family
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer
+from workers.engine.models.llama.state_dict_adapter import (
     halves_to_interleaved,
     interleaved_to_halves,
-    load_init_from,
-    to_hf_state,
 )
-from workers.engine.model import ModelArgs, Transformer
+
+LLAMA = load_family("llama")
 
 
 def _engine_model(folder: Path) -> Transformer:
@@ -29,7 +32,7 @@ def _engine_model(folder: Path) -> Transformer:
     args = ModelArgs(seq_len=config["max_position_embeddings"], **shape_from_config(config))
     torch.manual_seed(123)  # a different random start than the Hugging Face model's
     model = Transformer(args)
-    load_init_from([model], folder, args)
+    load_init_from([model], folder, LLAMA, args)
     return model.eval()
 
 
@@ -71,7 +74,8 @@ def test_export_gives_back_every_original_tensor(tmp_path: Path) -> None:
     original = load_file(str(tmp_path / "in" / "model.safetensors"))
     out = tmp_path / "out"
     out.mkdir()
-    write_safetensors(to_hf_state(ours.state_dict(), ours.args), out, max_bytes=1 << 30)
+    hf_state = to_hf_state(ours.state_dict(), LLAMA.state_dict_adapter(ours.args))
+    write_safetensors(hf_state, out, max_bytes=1 << 30)
     exported = load_file(str(out / "model.safetensors"))
     assert exported.keys() == original.keys()
     for name, tensor in original.items():
@@ -83,7 +87,8 @@ def test_export_splits_into_indexed_shards_above_the_size(tmp_path: Path) -> Non
     ours = _engine_model(tmp_path / "in")
     out = tmp_path / "out"
     out.mkdir()
-    files = write_safetensors(to_hf_state(ours.state_dict(), ours.args), out, max_bytes=60_000)
+    hf_state = to_hf_state(ours.state_dict(), LLAMA.state_dict_adapter(ours.args))
+    files = write_safetensors(hf_state, out, max_bytes=60_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(files) > 2 and set(index["weight_map"].values()) == set(files[:-1])
     original = load_file(str(tmp_path / "in" / "model.safetensors"))
@@ -108,7 +113,7 @@ def test_cached_greedy_decode_equals_the_full_forward(tmp_path: Path) -> None:
     save_random_llama(tmp_path)
     ours = _engine_model(tmp_path)
     prompt = _tokens(length=5)[0].tolist()
-    new = generate(ours, prompt, max_new_tokens=12)
+    new = generate(ours, prompt, family=LLAMA, max_new_tokens=12)
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(12):
@@ -128,27 +133,27 @@ def test_greedy_decode_equals_transformers_generate(tmp_path: Path) -> None:
             eos_token_id=None,
             pad_token_id=0,
         )[0, len(prompt) :].tolist()
-    assert generate(ours, prompt, max_new_tokens=16) == expected
+    assert generate(ours, prompt, family=LLAMA, max_new_tokens=16) == expected
 
 
 def test_sampling_with_a_tiny_top_p_is_greedy_and_is_seeded(tmp_path: Path) -> None:
     save_random_llama(tmp_path)
     ours = _engine_model(tmp_path)
     prompt = [3, 4, 5]
-    greedy = generate(ours, prompt, max_new_tokens=8)
+    greedy = generate(ours, prompt, family=LLAMA, max_new_tokens=8)
     narrow = Sampling(greedy=False, temperature=1.0, top_p=1e-6, seed=1)
-    assert generate(ours, prompt, max_new_tokens=8, sampling=narrow) == greedy
+    assert generate(ours, prompt, family=LLAMA, max_new_tokens=8, sampling=narrow) == greedy
     wide = Sampling(greedy=False, temperature=2.0, top_p=1.0, seed=7)
-    first = generate(ours, prompt, max_new_tokens=8, sampling=wide)
-    assert generate(ours, prompt, max_new_tokens=8, sampling=wide) == first
+    first = generate(ours, prompt, family=LLAMA, max_new_tokens=8, sampling=wide)
+    assert generate(ours, prompt, family=LLAMA, max_new_tokens=8, sampling=wide) == first
 
 
 def test_eos_stops_generation(tmp_path: Path) -> None:
     save_random_llama(tmp_path)
     ours = _engine_model(tmp_path)
-    greedy = generate(ours, [1, 2, 3], max_new_tokens=10)
+    greedy = generate(ours, [1, 2, 3], family=LLAMA, max_new_tokens=10)
     stop_at = greedy[3]
-    stopped = generate(ours, [1, 2, 3], max_new_tokens=10, eos_token_id=stop_at)
+    stopped = generate(ours, [1, 2, 3], family=LLAMA, max_new_tokens=10, eos_token_id=stop_at)
     assert stopped == greedy[: greedy.index(stop_at) + 1]
 
 
@@ -169,4 +174,4 @@ def test_weights_symlinked_from_outside_the_data_roots_are_refused(
     config = json.loads((root / "llama" / "config.json").read_text())
     args = ModelArgs(seq_len=64, **shape_from_config(config))
     with pytest.raises(DataAccessDenied, match="outside the data roots"):
-        load_init_from([Transformer(args)], root / "llama", args)
+        load_init_from([Transformer(args)], root / "llama", LLAMA, args)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from workers.contract.spec import JobSpec
-from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
+from workers.engine.models.family import count_params
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer, flops_per_token
 
 
 def tiny_args(**changes: int) -> ModelArgs:

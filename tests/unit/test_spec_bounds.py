@@ -10,7 +10,9 @@ from pydantic import ValidationError
 
 from service.scheduler import host_memory_refusal
 from workers.contract.spec import JobSpec, describe_errors
-from workers.engine.model import ModelArgs, Transformer, count_params
+from workers.engine.models.family import count_params
+from workers.engine.models.llama.config import ModelArgs
+from workers.engine.models.llama.model import Transformer
 
 
 def spec(**sections: Any) -> JobSpec:

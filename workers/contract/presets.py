@@ -16,6 +16,8 @@ class Preset:
     # The MLP width follows the Llama rule: 8/3 * dim * multiplier, rounded up to multiple_of.
     ffn_multiplier: float = 1.0
     ffn_multiple_of: int = 256
+    # The model family it builds (workers/engine/models/registry.py).
+    family: str = "llama"
 
 
 PRESETS: dict[str, Preset] = {

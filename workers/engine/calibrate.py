@@ -34,7 +34,8 @@ from workers.contract.rates import DEFAULT_RATES, INTER, INTRA, MAX_CALIBRATION_
 from workers.contract.spec import JobSpec
 from workers.engine.distributed import init_world, leave_world, pick_device
 from workers.engine.launch import rank_processes
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.models.family import load_family
+from workers.engine.models.registry import family_of
 from workers.engine.precision import AUTOCAST_DTYPES
 
 CALIBRATION_LAYERS = 2
@@ -96,8 +97,9 @@ def model_rate(spec: JobSpec, device: torch.device) -> tuple[float, float]:
     the first step kept per byte of activations the cost model counts for it."""
     resolved = {**spec.model.resolved(), "n_layers": CALIBRATION_LAYERS}
     torch.manual_seed(0)
+    family = load_family(family_of(spec.model))
     with torch.device(device):
-        model = Transformer(ModelArgs.from_resolved(resolved))
+        model = family.build(family.args(resolved))
     rows = torch.randint(
         0, resolved["vocab_size"], (spec.train.micro_batch_size, resolved["seq_len"] + 1)
     ).to(device)

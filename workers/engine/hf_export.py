@@ -1,8 +1,9 @@
-"""A committed checkpoint -> a Hugging Face Llama folder, in one process.
+"""A committed checkpoint -> a Hugging Face model folder, in one process.
 
 Reads only the `model.*` tensors of the torch.distributed.checkpoint folder (whatever
-layout wrote it: DCP assembles whole tensors from every rank's shards), converts names and
-the rotary order (workers/engine/hf_weights.py) and writes `config.json`,
+layout wrote it: DCP assembles whole tensors from every rank's shards), converts them with
+the model family's adapter (names and layout: workers/engine/hf_weights.py) and writes
+`config.json` (the family's),
 `model.safetensors` (or numbered shards with `model.safetensors.index.json` above
 `max_shard_bytes`) and the job's tokenizer files (for a byte-level job, a tokenizer.json
 that encodes as the engine's byte codec does), so that
@@ -20,73 +21,34 @@ import json
 import logging
 import shutil
 import sys
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import (
-    CONFIG,
-    SAFETENSORS_INDEX,
-    TOKENIZER,
-    llama_config,
-    read_config,
-)
-from workers.contract.sections import DataSource
+from workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX, TOKENIZER, read_config
 from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.tier import _reader
+from workers.engine.checkpoint.reader import (
+    UnreadableCheckpoint,
+    open_checkpoint,
+    read_model_state,
+)
+from workers.engine.data.tokenizer_files import byte_codec, write_tokenizer
 from workers.engine.hf_weights import to_hf_state
-from workers.engine.model import ModelArgs
-from workers.engine.tokenizer import byte_tokenizer_json
-from workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
+from workers.engine.models.family import load_family
+from workers.engine.models.registry import family_of
 
 log = logging.getLogger(__name__)
 
 # transformers' own default shard size for save_pretrained.
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
-# Tokenizer files copied from beside the job's tokenizer.json, where they exist.
-TOKENIZER_CONFIG = "tokenizer_config.json"
-_TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, "special_tokens_map.json")
 
 
 class ExportError(ValueError):
     """A checkpoint that cannot be exported; the message says which and why."""
-
-
-def open_checkpoint(path: str) -> CommittedCheckpoint:
-    """The committed, verified checkpoint at `path` (a `step-<n>` folder)."""
-    if "://" not in path:
-        path = str(Path(path).resolve())
-    parent, _, name = path.rstrip("/").rpartition("/")
-    store = CheckpointStore(parent or ".")
-    ckpt = next((c for c in store.committed() if c.path.rstrip("/").endswith(name)), None)
-    if ckpt is None:
-        raise ExportError(f"{path} is not a committed checkpoint (no {MANIFEST} in it)")
-    problem = store.verify(ckpt, sorted(ckpt.manifest["files"]))
-    if problem is not None:
-        raise ExportError(f"checkpoint {path} is damaged: {problem}")
-    return ckpt
-
-
-def read_model_state(ckpt: CommittedCheckpoint) -> dict[str, torch.Tensor]:
-    """Whole `model.*` tensors of a checkpoint, by the model's own names, in one process."""
-    store = CheckpointStore(ckpt.path.rpartition("/")[0] or ".")
-    reader = _reader(store, ckpt.path)
-    metadata = reader.read_metadata()
-    state: dict[str, torch.Tensor] = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        if key.startswith("model.") and hasattr(meta, "size"):
-            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-    with warnings.catch_warnings():
-        # DCP warns that no process group exists: reading in one process is the intent.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, no_dist=True)
-    return {key.removeprefix("model."): value for key, value in state.items()}
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -121,16 +83,10 @@ def write_safetensors(tensors: dict[str, torch.Tensor], out: Path, max_bytes: in
     return [*names, SAFETENSORS_INDEX]
 
 
-def _byte_codec(spec: JobSpec) -> bool:
-    """Whether the job's token ids are the engine's byte codec's (UTF-8 bytes): not for
-    data.source='tokens', whose ids come from a tokenizer Shardline never saw."""
-    return spec.data.tokenizer == "byte" and spec.data.source != DataSource.tokens
-
-
 def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int | None]:
     """bos and eos ids from the config.json the job started from, where it had one; none
     for the byte codec (it has no special tokens: an id there is a byte of the text)."""
-    if spec.model.init_from is None or _byte_codec(spec):
+    if spec.model.init_from is None or byte_codec(spec):
         return None, None
     try:
         config = read_config(Path(spec.model.init_from), access)
@@ -139,44 +95,6 @@ def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int 
         return None, None
     bos, eos = config.get("bos_token_id"), config.get("eos_token_id")
     return (bos if isinstance(bos, int) else None), (eos if isinstance(eos, int) else None)
-
-
-def _tokenizer_config(spec: JobSpec) -> dict[str, Any]:
-    """What AutoTokenizer needs to wrap a bare tokenizer.json."""
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        # Decoding must give back the text as it was (no spaces removed before punctuation).
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": spec.model.resolved()["seq_len"],
-    }
-
-
-def write_tokenizer(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
-    """Copy the job's tokenizer.json (and its config files beside it); for 'byte', write
-    the byte codec as a tokenizer.json. None for data.source='tokens' (no tokenizer known)."""
-    if spec.data.tokenizer == "byte":
-        if not _byte_codec(spec):
-            return []
-        (out / TOKENIZER).write_text(byte_tokenizer_json(), encoding="utf-8")
-        # The byte codec has no special tokens: no bos, eos, pad or unk to name.
-        side_config = json.dumps(_tokenizer_config(spec), indent=2)
-        (out / TOKENIZER_CONFIG).write_text(side_config, encoding="utf-8")
-        return [TOKENIZER, TOKENIZER_CONFIG]
-    source = Path(spec.data.tokenizer)
-    written = []
-    with access.open(source, "data.tokenizer") as handle:
-        (out / TOKENIZER).write_bytes(handle.read())
-    written.append(TOKENIZER)
-    for name in _TOKENIZER_SIDE_FILES:
-        side = source.parent / name
-        if side.is_file():
-            with access.open(side, "data.tokenizer") as handle:
-                (out / name).write_bytes(handle.read())
-            written.append(name)
-    if TOKENIZER_CONFIG not in written:
-        (out / TOKENIZER_CONFIG).write_text(json.dumps(_tokenizer_config(spec)), encoding="utf-8")
-        written.append(TOKENIZER_CONFIG)
-    return written
 
 
 def export_checkpoint(
@@ -189,16 +107,20 @@ def export_checkpoint(
     """Write the Hugging Face folder of the checkpoint at `path` into `out`; returns a
     summary (step, files, bytes)."""
     access = access or DataAccess.from_env()
-    ckpt = open_checkpoint(path)
+    try:
+        ckpt = open_checkpoint(path)
+    except UnreadableCheckpoint as err:
+        raise ExportError(str(err)) from None
     if "spec" not in ckpt.manifest:
         raise ExportError(f"checkpoint {path} has no job spec in its manifest")
     spec = JobSpec.model_validate(ckpt.manifest["spec"])
     resolved = spec.model.resolved()
-    args = ModelArgs.from_resolved(resolved)
-    tensors = to_hf_state(read_model_state(ckpt), args)
+    family = load_family(family_of(spec.model))
+    adapter = family.state_dict_adapter(family.args(resolved))
+    tensors = to_hf_state(read_model_state(ckpt), adapter)
     out.mkdir(parents=True, exist_ok=True)
     bos, eos = _special_tokens(spec, access)
-    config = llama_config(resolved, bos_token_id=bos, eos_token_id=eos)
+    config = family.config.hf_config(resolved, bos_token_id=bos, eos_token_id=eos)
     # Read by `shardline generate`; transformers keeps unknown keys as plain attributes.
     config["shardline"] = {
         # "byte": the engine's byte codec (tokenizer.json beside it encodes the same).

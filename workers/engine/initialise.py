@@ -13,23 +13,26 @@ loader for `model.init_from` returns its own `ParameterSource` there.
 from __future__ import annotations
 
 import logging
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from workers.contract.spec import JobSpec
-from workers.engine.model import ModelArgs, Transformer
+from workers.engine.models.family import FamilyModule, ModelFamily
 from workers.engine.optimizer import model_name
 from workers.engine.random_init import ParameterSource, random_parameters
 
 log = logging.getLogger(__name__)
 
 
-def parameter_source(spec: JobSpec, args: ModelArgs) -> ParameterSource:
-    """Where this job's initial weights come from (random here; `model.init_from` plugs
-    its loader in at this point)."""
-    return random_parameters(seed=spec.train.seed, n_layers=args.n_layers)
+def parameter_source(spec: JobSpec, family: ModelFamily, args: Any) -> ParameterSource:
+    """Where this job's initial weights come from: random, as the family draws them
+    (`model.init_from` then loads its weights over this rank's shards)."""
+    return random_parameters(
+        seed=spec.train.seed, init_std=lambda name: family.init_std(name, args)
+    )
 
 
 @torch.no_grad()
@@ -50,8 +53,7 @@ def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
 def materialise(module: nn.Module, *, source: ParameterSource, device: torch.device) -> None:
     """Allocate `module`'s (meta) parameters on `device` and fill them from `source`."""
     module.to_empty(device=device)
-    if isinstance(module, Transformer):
-        module.reset_buffers()
+    cast(FamilyModule, module).reset_buffers()
     count = 0
     for name, param in module.named_parameters():
         full = source(model_name(name), param.shape, device)

@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workers.contract.spec import JobSpec
@@ -82,6 +82,7 @@ def run_rank(
         limit_cpu_threads,
         pick_device,
     )
+    from workers.engine.hooks import TrainerHooks
     from workers.engine.trainer import Trainer
 
     limit_cpu_threads(local_ranks)
@@ -96,15 +97,17 @@ def run_rank(
         own_addr=master[0],  # every rank on this host
     )
     try:
-        sink = (lambda m: report("metrics", m)) if rank == 0 else None
+        hooks = TrainerHooks(
+            after_backward=slow if slow is not None and slow.rank == rank else None,
+        )
+        if rank == 0:
+            hooks = replace(
+                hooks,
+                on_metrics=lambda m: report("metrics", m),
+                on_event=lambda event: report("event", event.message),
+            )
         trainer = Trainer(
-            spec,
-            world_size=world_size,
-            device=device,
-            on_metrics=sink,
-            checkpoints=local.locations(),
-            on_event=(lambda event: report("event", event.message)) if rank == 0 else None,
-            grad_hook=slow if slow is not None and slow.rank == rank else None,
+            spec, world_size=world_size, device=device, hooks=hooks, checkpoints=local.locations()
         )
         summary = trainer.train(stop_after=local.stop_after_step)
     except BaseException:

@@ -6,45 +6,48 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
+from torch import nn
 
-from workers.contract.hf_config import CONFIG, TOKENIZER, shape_from_config
+from workers.contract.hf_config import CONFIG, TOKENIZER, family_of_config
 from workers.contract.spec import JobSpec
-from workers.engine.hf_export import open_checkpoint, read_model_state
+from workers.engine.checkpoint.reader import open_checkpoint, read_model_state
+from workers.engine.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from workers.engine.hf_weights import load_init_from
-from workers.engine.model import ModelArgs, Transformer, rope_tables
-from workers.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from workers.engine.models.family import FamilyModule, ModelFamily, load_family
+from workers.engine.models.registry import family_of
 from workers.storage.checkpoints import MANIFEST
 
 
 @dataclass
 class LocalModel:
-    model: Transformer
+    model: nn.Module
+    family: ModelFamily
     codec: Tokenizer
     eos_token_id: int | None
 
 
-def _empty_model(args: ModelArgs, device: torch.device) -> Transformer:
+def _empty_model(family: ModelFamily, args: Any, device: torch.device) -> nn.Module:
     # Built on the meta device and given storage once: the weights are loaded next, so
     # the random init would be wasted work on a large model.
     with torch.device("meta"):
-        model = Transformer(args)
+        model = family.build(args)
     model.to_empty(device=device)
-    # Buffers are not in any checkpoint: compute the rotary tables again.
-    cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta)
+    # Buffers are not in any checkpoint (the rotary tables): computed again.
     with torch.no_grad():
-        model.get_buffer("rope_cos").copy_(cos)
-        model.get_buffer("rope_sin").copy_(sin)
+        cast(FamilyModule, model).reset_buffers()
     return model
 
 
 def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
     config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    shape = shape_from_config(config)
-    args = ModelArgs(seq_len=int(config.get("max_position_embeddings", 2048)), **shape)
-    model = _empty_model(args, device)
-    load_init_from([model], folder, args)
+    family = load_family(family_of_config(config))
+    shape = family.config.shape_from_hf(config)
+    args = family.args({"seq_len": int(config.get("max_position_embeddings", 2048)), **shape})
+    model = _empty_model(family, args, device)
+    load_init_from([model], folder, family, args)
     codec: Tokenizer
     marker = config.get("shardline")
     if isinstance(marker, dict) and marker.get("tokenizer") == "byte":
@@ -53,21 +56,21 @@ def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
         codec = ByteTokenizer()
     elif (folder / TOKENIZER).is_file():
         codec = load_tokenizer(str(folder / TOKENIZER))
-    elif args.vocab_size >= 256:
+    elif shape["vocab_size"] >= 256:
         codec = ByteTokenizer()
     else:
         raise ValueError(f"{folder} has no {TOKENIZER} and the vocabulary is not byte-level")
     eos = config.get("eos_token_id")
-    return LocalModel(model, codec, eos if isinstance(eos, int) else None)
+    return LocalModel(model, family, codec, eos if isinstance(eos, int) else None)
 
 
 def _from_checkpoint(path: Path, device: torch.device) -> LocalModel:
     ckpt = open_checkpoint(str(path))
     spec = JobSpec.model_validate(ckpt.manifest["spec"])
-    args = ModelArgs.from_resolved(spec.model.resolved())
-    model = _empty_model(args, device)
+    family = load_family(family_of(spec.model))
+    model = _empty_model(family, family.args(spec.model.resolved()), device)
     model.load_state_dict(read_model_state(ckpt), strict=True)
-    return LocalModel(model, load_tokenizer(spec.data.tokenizer), None)
+    return LocalModel(model, family, load_tokenizer(spec.data.tokenizer), None)
 
 
 def load_local_model(path: Path, device: torch.device) -> LocalModel:

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from workers.contract.grad_compression import GradCompressionKind
-from workers.contract.local_sgd import DataParallelMode
 from workers.contract.sections import Precision
 from workers.contract.spec import JobSpec
 from workers.engine.activation_checkpointing import apply_activation_checkpointing
 from workers.engine.compiling import apply_compile
 from workers.engine.data_parallel import apply_data_parallel
 from workers.engine.initialise import materialise, parameter_source
-from workers.engine.model import ModelArgs, Transformer, count_params, flops_per_token
+from workers.engine.models.family import ModelFamily
 from workers.engine.parallel import ParallelDims
 from workers.engine.pipeline import split_model
-from workers.engine.tensor_parallel import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,8 @@ class ModelParts:
     stage_ids: list[int]
     num_stages: int
     flops_per_token: int
+    family: ModelFamily
+    args: Any  # the family's args
 
     @property
     def has_first_stage(self) -> bool:
@@ -57,25 +58,37 @@ class ModelParts:
 
 
 def build_model_parts(
-    spec: JobSpec, *, dims: ParallelDims, mesh: DeviceMesh, device: torch.device
+    spec: JobSpec,
+    family: ModelFamily,
+    *,
+    dims: ParallelDims,
+    mesh: DeviceMesh,
+    device: torch.device,
+    data_parallel: bool = True,
 ) -> ModelParts:
-    """This rank's part of the model, parallelised, with its initial weights.
+    """This rank's part of `family`'s model, parallelised, with its initial weights.
 
     The model is built on the meta device (no storage), cut and sharded there, and only
     then are this rank's shards allocated and filled, so no rank ever holds it whole.
+    Without `data_parallel` nothing wraps the model for data parallelism (a strategy
+    whose replicas exchange what they trained themselves).
     """
     # Weights come from per-parameter generators (initialise.py); the global seed still
     # fixes anything else drawn while building.
     torch.manual_seed(spec.train.seed)
-    args = ModelArgs.from_resolved(spec.model.resolved())
+    args = family.args(spec.model.resolved())
     with torch.device("meta"):
-        whole = Transformer(args)
-    flops = flops_per_token(args, count_params(whole, exclude_embedding=True))
-    source = parameter_source(spec, args)
+        whole = family.build(args)
+    flops = family.flops_per_token(args, whole)
+    source = parameter_source(spec, family, args)
     virtual = spec.parallel.pp_virtual_stages
     if dims.pp > 1:
         pieces = split_model(
-            whole, pp_rank=mesh["pp"].get_local_rank(), pp=dims.pp, virtual_stages=virtual
+            whole,
+            family,
+            pp_rank=mesh["pp"].get_local_rank(),
+            pp=dims.pp,
+            virtual_stages=virtual,
         )
         del whole
     else:
@@ -87,7 +100,7 @@ def build_model_parts(
     modules = []
     for _, piece in pieces:
         if dims.tp > 1:
-            apply_tensor_parallel(
+            family.parallelize(
                 piece, tp_mesh=mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
             )
         apply_activation_checkpointing(piece, mode=spec.train.activation_checkpointing)
@@ -95,12 +108,9 @@ def build_model_parts(
             apply_compile(piece)
         if not sharded:
             materialise(piece, source=source, device=device)
-        # Local SGD's replicas train alone between syncs (workers/engine/local_sgd.py), and
-        # async ones push to parameter servers (workers/engine/async_dp.py): nothing wraps
-        # them.
         module = (
             piece
-            if spec.parallel.dp_mode != DataParallelMode.sync
+            if not data_parallel
             else apply_data_parallel(
                 piece,
                 dp_mesh=mesh["dp"],
@@ -115,7 +125,7 @@ def build_model_parts(
             materialise(piece, source=source, device=device)
         modules.append(module)
     num_stages = dims.pp * virtual if dims.pp > 1 else 1
-    return ModelParts(modules, [s for s, _ in pieces], num_stages, flops)
+    return ModelParts(modules, [s for s, _ in pieces], num_stages, flops, family, args)
 
 
 def grad_reduce_dtype(spec: JobSpec) -> torch.dtype | None:

@@ -1,14 +1,14 @@
 """Pipeline parallelism with torch.distributed.pipelining.
 
-The layer stack is cut evenly into pp x virtual stages. A stage is the same Transformer
-class with the layers (and embeddings, norm, head) it does not own removed, so its
-parameters keep their original names. Pipeline rank r owns stages r, r + pp, r + 2pp, ...
-(one per virtual stage), which is what the interleaved schedule expects.
+The block stack is cut evenly into pp x virtual stages. A stage is the same module class
+with the blocks (and the first or last stage's parts) it does not own removed
+(`ModelFamily.cut_stage`), so its parameters keep their original names. Pipeline rank r
+owns stages r, r + pp, r + 2pp, ... (one per virtual stage), which is what the
+interleaved schedule expects.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +26,7 @@ from torch.distributed.pipelining.schedules import (
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from workers.contract.sections import PipelineSchedule
+from workers.engine.models.family import ModelFamily
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +38,14 @@ def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
-def cut_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """A copy of `model` holding only stage `stage`'s layers (and ends, if it has them)."""
-    part: Any = copy.deepcopy(model)
-    layers = part.layers
-    assert isinstance(layers, nn.ModuleDict)
-    per_stage = len(layers) // num_stages
-    keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
-    for name in list(layers.keys()):
-        if name not in keep:
-            del layers[name]
-    if stage != 0:
-        part.tok_embeddings = None
-    if stage != num_stages - 1:
-        part.norm = None
-        part.output = None
-    return part
-
-
 def split_model(
-    model: nn.Module, *, pp_rank: int, pp: int, virtual_stages: int
+    model: nn.Module, family: ModelFamily, *, pp_rank: int, pp: int, virtual_stages: int
 ) -> list[tuple[int, nn.Module]]:
-    """This rank's stages as (stage index, module)."""
+    """This rank's stages as (stage index, module), cut as the model's family cuts it."""
     num_stages = pp * virtual_stages
-    parts = [(s, cut_stage(model, s, num_stages)) for s in stage_ids(pp_rank, pp, virtual_stages)]
+    parts = [
+        (s, family.cut_stage(model, s, num_stages)) for s in stage_ids(pp_rank, pp, virtual_stages)
+    ]
     log.info("pipeline rank %d holds stage(s) %s of %d", pp_rank, [s for s, _ in parts], num_stages)
     return parts
 

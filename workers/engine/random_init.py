@@ -1,8 +1,8 @@
 """Random initial weights that depend only on (seed, parameter name): each parameter is
 drawn from a generator seeded by both, so every layout starts from the same weights.
 
-The model (`Transformer.init_weights`) and the meta-device build (initialise.py) both
-draw from here.
+How wide each parameter is drawn is its model family's rule (`ModelFamily.init_std`);
+the model (`init_weights`) and the meta-device build (initialise.py) both draw from here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 
 # (model name, full shape, device) -> the parameter's full fp32 value on that device.
 ParameterSource = Callable[[str, torch.Size, torch.device], torch.Tensor]
+# A parameter's model name -> the std of its normal draw, or None for one (norm gains).
+InitStd = Callable[[str], float | None]
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -22,21 +24,11 @@ def parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def init_std(name: str, n_layers: int) -> float | None:
-    """GPT-2 style: N(0, 0.02), residual outputs scaled down by depth; None for norm
-    gains, which start at one."""
-    if name.endswith(("wo.weight", "w2.weight")):
-        return 0.02 / (2 * n_layers) ** 0.5
-    if name.endswith("norm.weight"):
-        return None
-    return 0.02
-
-
-def random_parameters(*, seed: int, n_layers: int) -> ParameterSource:
+def random_parameters(*, seed: int, init_std: InitStd) -> ParameterSource:
     """Random initial weights, the same for a name whatever the layout."""
 
     def draw(name: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
-        std = init_std(name, n_layers)
+        std = init_std(name)
         if std is None:
             return torch.ones(shape, device=device)
         generator = torch.Generator(device=device).manual_seed(parameter_seed(seed, name))

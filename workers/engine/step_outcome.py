@@ -57,6 +57,16 @@ class StopVote:
     stop: bool = False
     save: bool = False
 
+    def ask(
+        self,
+        should_stop: StopRequest | None,
+        save_on_stop: SaveRequest | None,
+        stop_after: int | None,
+    ) -> None:
+        """A run starts: who asks this rank to stop, nothing agreed yet."""
+        self.should_stop, self.save_on_stop, self.stop_after = should_stop, save_on_stop, stop_after
+        self.stop = self.save = False
+
     def own(self, step: int) -> tuple[float, float]:
         """This rank's vote as `step` ends: (stop, save), each 0 or 1."""
         if self.stop_after is not None and step >= self.stop_after:

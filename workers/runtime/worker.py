@@ -147,6 +147,7 @@ class TrainingWorker:
 
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
         from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
+        from workers.engine.hooks import TrainerHooks
         from workers.engine.nonfinite import NonFiniteLoss
         from workers.engine.trainer import Trainer
 
@@ -163,17 +164,20 @@ class TrainingWorker:
                 own_addr=node_address(),
             )
             log.info("rank %d trains in process %d", self.rank, os.getpid())
+            hooks = TrainerHooks(
+                on_metrics=self._on_metrics,
+                on_step=self._on_step,
+                on_progress=self._heartbeat,
+                after_backward=self._faults.during_step,
+                on_event=self._on_event,
+                on_checkpoint=self._on_checkpoint,
+            )
             trainer = Trainer(
                 self.spec,
                 world_size=self.world_size,
                 device=device,
-                on_metrics=self._on_metrics,
-                on_step=self._on_step,
-                on_progress=self._heartbeat,
-                grad_hook=self._faults.during_step,
+                hooks=hooks,
                 checkpoints=self.checkpoints,
-                on_event=self._on_event,
-                on_checkpoint=self._on_checkpoint,
             )
             building = False
             self._trainer = trainer

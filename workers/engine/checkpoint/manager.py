@@ -18,24 +18,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workers.contract.events import RESTORED_METRICS, Event
+from workers.contract.events import RESTORED_METRICS
 from workers.contract.sections import CheckpointSpec
 from workers.engine.checkpoint.cadence import SnapshotCadence
+from workers.engine.checkpoint.memory_tier import MemoryTier
 from workers.engine.checkpoint.state import JsonState, TensorState
-from workers.engine.checkpoint.tier import CheckpointTier, CommitSink, EventSink
+from workers.engine.checkpoint.storage_tier import StorageTier
+from workers.engine.checkpoint.tier import CommitSink, EventSink
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 from workers.storage.layout import CheckpointLocations
 from workers.storage.snapshots import private_snapshot_dir
 
 log = logging.getLogger(__name__)
-
-# One committed snapshot, plus the one being written: host memory holds at most two.
-KEEP_SNAPSHOTS = 1
-
-
-def _log_only(event: Event) -> None:
-    # A snapshot every few steps would drown the job's events; the rank's log keeps them.
-    log.info("%s", event.message)
 
 
 class CheckpointManager:
@@ -68,11 +62,11 @@ class CheckpointManager:
         self.small = small
         self.restored: CommittedCheckpoint | None = None
         self.last_saved_step: int | None = None  # the newest step either saved or restored
-        self.storage: CheckpointTier | None = None
-        self.memory: CheckpointTier | None = None
+        self.storage: StorageTier | None = None
+        self.memory: MemoryTier | None = None
         if not (where.save_url or where.restore_from or where.snapshot_url):
             return  # nothing to save or restore: no process group of its own either
-        self.storage = CheckpointTier(
+        self.storage = StorageTier(
             CheckpointStore(where.save_url) if where.save_url else None,
             keep_last=policy.keep_last,
             async_save=policy.async_save,
@@ -82,13 +76,9 @@ class CheckpointManager:
         )
         if where.snapshot_url:
             private_snapshot_dir(Path(where.snapshot_url))
-            self.memory = CheckpointTier(
+            self.memory = MemoryTier(
                 CheckpointStore(where.snapshot_url),
-                keep_last=KEEP_SNAPSHOTS,
-                async_save=True,  # the step waits only for the copy into host buffers
                 info=info,
-                on_event=_log_only,
-                kind="snapshot",
                 on_report=on_event,
                 cadence=self.cadence,
             )

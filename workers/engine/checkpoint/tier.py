@@ -1,5 +1,5 @@
-"""One tier of checkpoints (storage, or host memory): saving and restoring a rank's
-training state with torch.distributed.checkpoint (DCP).
+"""What both tiers of checkpoints (storage, host memory) do alike: saving a rank's
+training state with torch.distributed.checkpoint (DCP) and committing it.
 
 Every rank writes only its own shards; nothing is gathered onto one rank. Keys are the
 model's own parameter names (`model.<name>`, `optim.<name>.<key>`), the same in every
@@ -28,11 +28,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from workers.contract.events import RESTORED_METRICS, Event, EventKind
-from workers.engine.checkpoint.cadence import SnapshotCadence
+from workers.contract.events import Event, EventKind
 from workers.engine.checkpoint.spread import SnapshotSpread
 from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
-from workers.storage.layout import CheckpointLocations
 from workers.storage.snapshot_spread import Transfer, written_by
 
 log = logging.getLogger(__name__)
@@ -44,7 +42,7 @@ CommitSink = Callable[[dict[str, Any]], None]
 Candidate = tuple[CheckpointStore, CommittedCheckpoint, list[Transfer] | None]
 
 
-def _writer(store: CheckpointStore, path: str) -> Any:
+def dcp_writer(store: CheckpointStore, path: str) -> Any:
     if store.atomic_rename:
         return FileSystemWriter(path, single_file_per_rank=True)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -52,7 +50,7 @@ def _writer(store: CheckpointStore, path: str) -> Any:
     return FsspecWriter(store.writer_url(path), single_file_per_rank=True, sync_files=False)
 
 
-def _reader(store: CheckpointStore, path: str) -> Any:
+def dcp_reader(store: CheckpointStore, path: str) -> Any:
     if store.atomic_rename:
         return FileSystemReader(path)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -61,7 +59,10 @@ def _reader(store: CheckpointStore, path: str) -> Any:
 
 
 class CheckpointTier:
-    """Saves into one CheckpointStore; restores from any."""
+    """Saves into one CheckpointStore (the storage and memory tiers are its two kinds:
+    storage_tier.py, memory_tier.py)."""
+
+    kind = "checkpoint"  # in what it says
 
     def __init__(
         self,
@@ -72,21 +73,13 @@ class CheckpointTier:
         info: dict[str, Any],
         on_event: EventSink,
         on_commit: CommitSink | None = None,
-        kind: str = "checkpoint",
-        on_report: EventSink | None = None,
-        cadence: SnapshotCadence | None = None,
     ) -> None:
-        """A `snapshot` tier writes into each node's own host memory (its store's path on
-        every node), copied to a peer node where the world spans several."""
-        self.kind = kind  # "checkpoint" or "snapshot", in what it says
         self.store = store
         self.keep_last = keep_last
         self.async_save = async_save
         self.info = info  # layout, spec hash, versions: written into every manifest
         self.on_event = on_event
         self.on_commit = on_commit
-        self.on_report = on_report or on_event  # what is said once a run, not per save
-        self.cadence = cadence  # a snapshot tier's, where its interval is "auto"
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         # Saves talk over their own group so an async save never shares a collective
@@ -95,17 +88,28 @@ class CheckpointTier:
         self.restored_step: int | None = None
         self._pending: threading.Thread | None = None
         self._staged: dict[str, torch.Tensor] = {}
-        self.spread = (
-            SnapshotSpread(store, self.group) if kind == "snapshot" and store is not None else None
-        )
+        self.spread = self._spread()
         # Who commits into its folder: rank 0 alone, or each node's leader for snapshots.
         self.committer = self.rank == 0 if self.spread is None else self.spread.leader
-        self._reported = False  # snapshot memory per node: said once a run
-        self._said_failure = False  # a failed snapshot: said once a run
         if store is not None:
             if self.committer:
                 store.clear_staging()
             dist.barrier(group=self.group)
+
+    def _spread(self) -> SnapshotSpread | None:
+        """Copies between nodes of what each node's ranks wrote (the memory tier's)."""
+        return None
+
+    def _before_write(self) -> None:
+        """First thing in a save's write, on every rank (off the training thread where
+        the save is async)."""
+
+    def _after_write(self, step: int, staging: str) -> None:
+        """Every rank has written its files of `step` into `staging`."""
+
+    def _said_failed(self, event: Event) -> None:
+        """A save in the background failed (training goes on; the next one retries)."""
+        self.on_event(event)
 
     # -- saving ------------------------------------------------------------------------
 
@@ -176,11 +180,7 @@ class CheckpointTier:
                 f"{self.kind} save of step {args[0]} failed: {err}",
                 {"step": args[0]},
             )
-            # A snapshot's failures go to the rank's log, but the first one to the job's
-            # events too: one that fails every time (a small /dev/shm) must be seen.
-            first = self.kind == "snapshot" and not self._said_failure
-            self._said_failure = self._said_failure or first
-            (self.on_report if first else self.on_event)(said)
+            self._said_failed(said)
             if self.store is not None and self.committer:  # host memory is scarce
                 with contextlib.suppress(OSError):
                     self.store.fs.rm(self.store.staging_path(args[0]), recursive=True)
@@ -195,23 +195,12 @@ class CheckpointTier:
     ) -> None:
         store = self.store
         assert store is not None
-        if self.cadence is not None and self.cadence.fixed is None:
-            # Rank 0's next interval, agreed here, first, off the training thread: every
-            # rank applies it when it joins this save (workers/engine/checkpoint/cadence.py).
-            proposal: list[Any] = [self.cadence.proposal() if self.rank == 0 else None]
-            dist.broadcast_object_list(proposal, src=0, group=self.group)
-            self.cadence.proposed = int(proposal[0])
+        self._before_write()
         staging = store.staging_path(step)
-        dcp.save(state, storage_writer=_writer(store, staging), process_group=self.group)
+        dcp.save(state, storage_writer=dcp_writer(store, staging), process_group=self.group)
         mine = [n for n in store.files_in(staging) if written_by(n) == self.rank]
         sums = store.checksums(staging, mine)
-        if self.spread is not None:
-            self.spread.replicate(staging)
-            if not self._reported:  # every rank: it is a collective
-                self._reported = True
-                said = self.spread.memory_event(step, staging)
-                if said is not None:
-                    self.on_report(said)
+        self._after_write(step, staging)
         gathered: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(sums, gathered, dst=0, group=self.group)
         files: dict[str, dict[str, Any]] = {}
@@ -261,86 +250,3 @@ class CheckpointTier:
         )
         if self.on_commit is not None:
             self.on_commit(summary)
-
-    # -- restoring ---------------------------------------------------------------------
-
-    def candidates(
-        self, where: CheckpointLocations, memory: CheckpointTier | None
-    ) -> list[Candidate]:
-        """Checkpoints to try, best first, agreed by every rank (rank 0 lists storage; the
-        nodes' leaders list their snapshots). A snapshot comes with the moves that give
-        every node all its files."""
-        found: list[Any] = [None]
-        if self.rank == 0:
-            listed = []
-            for source in where.restore_from:
-                store = CheckpointStore(source.url)
-                for ckpt in store.committed():
-                    if source.accepts(ckpt.step):
-                        listed.append((source.url, ckpt))
-                if listed:  # the first source that has any wins (own folder, then resume_from)
-                    break
-            found[0] = listed
-        dist.broadcast_object_list(found, src=0, group=self.group)
-        out: list[Candidate] = [(CheckpointStore(url), ckpt, None) for url, ckpt in found[0]]
-        if memory is not None and memory.spread is not None and memory.store is not None:
-            # The job's own snapshots compete with its checkpoints by step; on a tie the
-            # snapshot wins (host memory reads faster). The sort is stable.
-            snapshots = memory.spread.candidates()
-            out = [(memory.store, ckpt, plan) for ckpt, plan in snapshots] + out
-            out.sort(key=lambda found: found[1].step, reverse=True)
-        return out
-
-    def restore(
-        self,
-        where: CheckpointLocations,
-        make_state: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
-        memory: CheckpointTier | None = None,
-    ) -> tuple[CommittedCheckpoint, dict[str, torch.Tensor]] | None:
-        """Load the newest checkpoint (of this tier's sources, or `memory`'s snapshots) that
-        verifies into the tensors of `make_state(its manifest)` (in place); returns it and
-        the state, or None where there is none."""
-        for store, ckpt, moves in self.candidates(where, memory):
-            if moves is not None and memory is not None and memory.spread is not None:
-                try:  # every rank raises together (SnapshotSpread.move)
-                    memory.spread.fill(ckpt, moves)
-                    problem = self._verify(store, ckpt)
-                except OSError as err:
-                    problem = str(err)
-            else:
-                problem = self._verify(store, ckpt)
-            if problem is not None:
-                self.on_event(
-                    Event(
-                        EventKind.CHECKPOINT_SKIPPED,
-                        f"checkpoint step {ckpt.step} skipped: {problem}",
-                        {"step": ckpt.step, "path": ckpt.path, "problem": problem},
-                    )
-                )
-                continue
-            start = time.perf_counter()
-            state = make_state(ckpt.manifest)
-            dcp.load(state, storage_reader=_reader(store, ckpt.path), process_group=self.group)
-            self.restored_step = ckpt.step
-            tier = "storage" if moves is None else "memory"
-            data = {"step": ckpt.step, "path": ckpt.path, "tier": tier}
-            logged = ckpt.manifest.get("trainer", {}).get(RESTORED_METRICS)
-            if logged is not None:  # for the relay, which records them if nobody had
-                data[RESTORED_METRICS] = logged
-            self.on_event(
-                Event(
-                    EventKind.RESTORED,
-                    f"restored checkpoint step {ckpt.step} ({ckpt.manifest.get('layout', '?')}) "
-                    f"from {tier} in {time.perf_counter() - start:.2f}s",
-                    data,
-                )
-            )
-            return ckpt, state
-        return None
-
-    def _verify(self, store: CheckpointStore, ckpt: CommittedCheckpoint) -> str | None:
-        """Every rank checks its share of the files; the first problem any rank found."""
-        names = sorted(ckpt.manifest["files"])[self.rank :: self.world]
-        problems: list[Any] = [None] * self.world
-        dist.all_gather_object(problems, store.verify(ckpt, names), group=self.group)
-        return next((p for p in problems if p is not None), None)

@@ -3,23 +3,21 @@
 The global batch of step s is `global_batch_size` windows of `seq_len + 1` tokens whose
 offsets are drawn from a generator seeded with (seed, s). A data-parallel rank takes its
 contiguous slice of those rows. So every layout sees the same data in the same order, and
-resuming at step s needs nothing but s.
+resuming at step s needs nothing but s, which is the loader's whole position
+(`state_dict()`, saved with every checkpoint as torchdata's StatefulDataLoader's is).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from workers.contract.data_access import DataAccess
-from workers.contract.sections import DataSource
 from workers.contract.spec import JobSpec
-from workers.engine.corpus import bin_tokens, synthetic_tokens, text_tokens
-from workers.engine.tokenizer import load_tokenizer
+from workers.engine.data.sources import load_tokens
 from workers.storage.skipped_batches import batch_index
 
 log = logging.getLogger(__name__)
@@ -29,21 +27,17 @@ EVAL_BATCHES = 4
 _VAL_STREAM = 0x7FFF_FFFF
 
 
-def load_corpus(spec: JobSpec, access: DataAccess | None = None) -> np.ndarray:
-    """The job's whole token stream (train and held-out) as a 1-D array.
+@dataclass(frozen=True)
+class Batch:
+    """This rank's rows of one step's global batch, and how many of the global batch's
+    targets the loss counts (every one, here), so the loss is a sum over them divided by
+    that count however the batch is split into micro-batches, ranks and stages."""
 
-    Files are read under `access`, by default the rules the service put in this process's
-    environment (none for `shardline train` on one machine)."""
-    access = access or DataAccess.from_env()
-    vocab_size = spec.model.resolved()["vocab_size"]
-    data = spec.data
-    if data.source == DataSource.synthetic:
-        return synthetic_tokens(vocab_size, spec.train.seed)
-    assert data.path is not None  # the spec requires it for these sources
-    if data.source == DataSource.text:
-        tokenizer = load_tokenizer(data.tokenizer, access)
-        return text_tokens(Path(data.path), tokenizer, vocab_size, access)
-    return bin_tokens(Path(data.path), vocab_size, access)
+    tokens: torch.Tensor  # (rows, seq_len + 1) token ids: inputs [:-1], targets [1:]
+    global_loss_tokens: int
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.tokens.to(device), self.global_loss_tokens)
 
 
 @dataclass
@@ -77,10 +71,15 @@ class BatchLoader:
                 f"data (validation needs at least model.seq_len + 1 = {window})"
             )
         self.rows_per_rank = self.global_batch_size // self.dp_size
+        self.step = 0  # the last step whose batch was taken: the loader's position
 
     @property
     def has_validation(self) -> bool:
         return len(self.val_tokens) > self.seq_len
+
+    def _batch(self, split: np.ndarray, stream: list[int], slot: int | None = None) -> Batch:
+        rows = self._rows(split, stream, slot)
+        return Batch(rows, self.global_batch_size * self.seq_len)
 
     def _rows(self, split: np.ndarray, stream: list[int], slot: int | None = None) -> torch.Tensor:
         rng = np.random.default_rng(stream)
@@ -100,26 +99,41 @@ class BatchLoader:
         """The batch index step `step` trains (`step` itself unless batches were skipped)."""
         return batch_index(step, self.skipped_batches)
 
-    def train_batch(self, step: int) -> torch.Tensor:
-        """This rank's rows of the global batch of `step`: (rows, seq_len + 1) token ids."""
-        return self._rows(self.train_tokens, [self.seed, self.batch_of(step)])
+    def train_batch(self, step: int) -> Batch:
+        """This rank's rows of the global batch of `step`."""
+        self.step = step
+        return self._batch(self.train_tokens, [self.seed, self.batch_of(step)])
 
-    def slot_batch(self, step: int, slot: int) -> torch.Tensor:
+    def slot_batch(self, step: int, slot: int) -> Batch:
         """Data-parallel rank `slot`'s rows of step `step`'s global batch, whichever rank
         trains them (asynchronous replicas take each slot of each step once)."""
-        return self._rows(self.train_tokens, [self.seed, self.batch_of(step)], slot)
+        self.step = max(self.step, step)
+        return self._batch(self.train_tokens, [self.seed, self.batch_of(step)], slot)
 
-    def val_batches(self) -> list[torch.Tensor]:
+    def val_batches(self) -> list[Batch]:
         """The fixed held-out batches, this rank's rows of each."""
         return [
-            self._rows(self.val_tokens, [self.seed, _VAL_STREAM, i]) for i in range(EVAL_BATCHES)
+            self._batch(self.val_tokens, [self.seed, _VAL_STREAM, i]) for i in range(EVAL_BATCHES)
         ]
 
+    # -- the position a checkpoint holds ------------------------------------------------
 
-def build_loader(spec: JobSpec, dp_rank: int, dp_size: int) -> BatchLoader:
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the last step whose batch it gave (the next is that + 1)."""
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def build_loader(
+    spec: JobSpec, dp_rank: int, dp_size: int, *, skipped_batches: tuple[int, ...] = ()
+) -> BatchLoader:
+    """The job's loader for data-parallel rank `dp_rank` of `dp_size`; `skipped_batches`:
+    the batches it skips after a non-finite loss (workers/storage/skipped_batches.py)."""
     model = spec.model.resolved()
     return BatchLoader(
-        tokens=load_corpus(spec),
+        tokens=load_tokens(spec),
         seq_len=model["seq_len"],
         global_batch_size=spec.train.global_batch_size,
         dp_rank=dp_rank,
@@ -127,4 +141,5 @@ def build_loader(spec: JobSpec, dp_rank: int, dp_size: int) -> BatchLoader:
         seed=spec.train.seed,
         val_fraction=spec.data.val_fraction,
         vocab_size=model["vocab_size"],
+        skipped_batches=skipped_batches,
     )

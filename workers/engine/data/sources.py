@@ -1,4 +1,5 @@
-"""Turning data sources into one flat array of token ids, cached on disk as a memmap."""
+"""Turning data sources into one flat array of token ids: synthetic, text (tokenized once
+and cached on disk as a memmap, token_cache.py) or a file of token ids."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typing import BinaryIO
 import numpy as np
 
 from workers.contract.data_access import DataAccess
-from workers.engine.tokenizer import Tokenizer
+from workers.contract.sections import DataSource
+from workers.contract.spec import JobSpec
+from workers.engine.data.token_cache import cache_dir, prune_token_cache, token_cache_limit
+from workers.engine.data.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -30,56 +34,6 @@ MAX_CHUNK_LINES = 8
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
     """uint16 while every id fits, uint32 beyond (the nanoGPT .bin convention)."""
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SHARDLINE_CACHE_DIR", Path.home() / ".cache" / "shardline"))
-
-
-# The tokenized-corpus cache keeps at most this many bytes (SHARDLINE_TOKEN_CACHE_BYTES),
-# dropping the corpora used longest ago: every new corpus, or every edit of one, adds a file.
-TOKEN_CACHE_BYTES = 20 << 30
-
-
-def token_cache_limit() -> int:
-    raw = os.environ.get("SHARDLINE_TOKEN_CACHE_BYTES")
-    try:
-        return int(raw) if raw else TOKEN_CACHE_BYTES
-    except ValueError:
-        log.warning(
-            "SHARDLINE_TOKEN_CACHE_BYTES=%r is not a number of bytes; using %d",
-            raw,
-            TOKEN_CACHE_BYTES,
-        )
-        return TOKEN_CACHE_BYTES
-
-
-def prune_token_cache(folder: Path, keep: Path, limit: int) -> list[Path]:
-    """Delete the least recently used cached corpora until the folder holds at most
-    `limit` bytes, never `keep` (the one in use now); returns what was deleted. A job that
-    has a deleted file mapped keeps reading it (the data lives until it is unmapped)."""
-    entries = []
-    for path in folder.iterdir():
-        if ".tmp" in path.suffix or path == keep:
-            continue  # a corpus being written, or the one just used
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            continue  # pruned by another job meanwhile
-        entries.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in entries) + (keep.stat().st_size if keep.exists() else 0)
-    deleted = []
-    for _, size, path in sorted(entries):  # oldest use first
-        if total <= limit:
-            break
-        path.unlink(missing_ok=True)
-        total -= size
-        deleted.append(path)
-    if deleted:
-        log.info(
-            "token cache over %d bytes: removed %d corpora used longest ago", limit, len(deleted)
-        )
-    return deleted
 
 
 def synthetic_tokens(vocab_size: int, seed: int) -> np.ndarray:
@@ -225,3 +179,20 @@ def bin_tokens(path: Path, vocab_size: int, access: DataAccess | None = None) ->
                 f"(model.vocab_size={vocab_size} selects {np.dtype(dtype).name})"
             )
         return np.memmap(handle, dtype=dtype, mode="r")
+
+
+def load_tokens(spec: JobSpec, access: DataAccess | None = None) -> np.ndarray:
+    """The job's whole token stream (train and held-out) as a 1-D array.
+
+    Files are read under `access`, by default the rules the service put in this process's
+    environment (none for `shardline train` on one machine)."""
+    access = access or DataAccess.from_env()
+    vocab_size = spec.model.resolved()["vocab_size"]
+    data = spec.data
+    if data.source == DataSource.synthetic:
+        return synthetic_tokens(vocab_size, spec.train.seed)
+    assert data.path is not None  # the spec requires it for these sources
+    if data.source == DataSource.text:
+        tokenizer = load_tokenizer(data.tokenizer, access)
+        return text_tokens(Path(data.path), tokenizer, vocab_size, access)
+    return bin_tokens(Path(data.path), vocab_size, access)

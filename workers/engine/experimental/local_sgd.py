@@ -11,20 +11,23 @@ loss of a logged step. The bytes of each sync go into the job's `GradTraffic`, s
 A checkpoint is taken only at a sync (the spec refuses other intervals), where the anchors
 equal the parameters: what it needs of this step is the outer momentum, the same on every
 replica, saved as `outer.<name>.momentum`. Each replica's inner optimizer state differs
-and is saved under its own keys (workers/engine/checkpoint/state.py).
+and is saved under its own keys (`LocalSgdState`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.contract.local_sgd import DeltaDtype, LocalSgd, is_sync_step
+from workers.contract.local_sgd import DataParallelMode, DeltaDtype, LocalSgd, is_sync_step
+from workers.engine.checkpoint.state import TensorState
+from workers.engine.dp_strategy import DataParallelStrategy, TrainerView
 from workers.engine.grad_compression import GradTraffic
-from workers.engine.optimizer import model_name
+from workers.engine.optimizer import Optimizers, model_name
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +128,89 @@ class OuterStep:
         """What this mode holds beyond the inner optimizer (for memory accounting)."""
         momenta = [self.optimizer.state[a]["momentum_buffer"] for a in self.anchors]
         return [*self.anchors, *momenta]
+
+
+class LocalSgdState:
+    """A checkpoint's optimizer part under local SGD: replica 0's inner state is
+    `optim.*` as in any layout, replica r's is `replica<r>.optim.*`, and the outer
+    momentum is `outer.<name>.momentum`. A replica that a local SGD checkpoint had
+    restores its own; any other (one it did not have, or a checkpoint of another mode)
+    restores replica 0's, and the outer momentum starts from zero where the checkpoint
+    has none."""
+
+    def __init__(self, optimizers: Optimizers, outer: OuterStep, replica: int) -> None:
+        self.optimizers = optimizers
+        self.outer = outer
+        self.replica = replica
+
+    def _state(self, replica: int, *, outer: bool) -> dict[str, torch.Tensor]:
+        prefix = f"replica{replica}.optim." if replica else "optim."
+        state = {f"{prefix}{name}": v for name, v in self.optimizers.state_dict().items()}
+        return {**state, **(self.outer.state_dict() if outer else {})}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state(self.replica, outer=True)
+
+    def load_template(self, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """This replica's own optimizer state where a local SGD checkpoint has it; else
+        replica 0's (a job whose replicas step together must start them the same)."""
+        parallel = manifest.get("spec", {}).get("parallel", {})
+        both = parallel.get("dp_mode") == DataParallelMode.local_sgd.value
+        own = self.replica if both and self.replica < parallel.get("dp", 1) else 0
+        return self._state(own, outer=both)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.optimizers.after_params_loaded()
+        self.outer.after_params_loaded()
+
+
+class LocalSgdStrategy(DataParallelStrategy):
+    """Replicas that train alone and meet every `sync_every` steps (and after the last)."""
+
+    wraps_model = False
+
+    def __init__(self, trainer: TrainerView) -> None:
+        super().__init__(trainer)
+        spec = trainer.spec
+        self.outer = OuterStep(
+            trainer.parts.modules,
+            spec.parallel.local_sgd,
+            group=trainer.dp_mesh.get_group(),
+            replicas=trainer.dims.dp,
+            total_steps=spec.train.steps,
+            traffic=trainer.traffic,
+        )
+
+    @property
+    def meeting_every(self) -> int:
+        return self.outer.config.sync_every
+
+    def optimizer_state(self) -> TensorState:
+        return LocalSgdState(
+            self.trainer.optimizers, self.outer, self.trainer.dp_mesh.get_local_rank()
+        )
+
+    @property
+    def clips_alone(self) -> bool:
+        return True  # a replica clips its own gradients
+
+    def after_optimizer_step(self, step: int) -> bool:
+        if not self.outer.due(step):
+            return False
+        with self.trainer.clock.part("comm"):
+            self.outer.sync()
+        return True
+
+    def votes_at(self, step: int, met: bool) -> bool | None:
+        """Only at syncs: a replica stops only there, and nothing crosses replicas between."""
+        return met or step == self.trainer.vote.stop_after
+
+    def may_stop_after(self, step: int) -> bool:
+        """A pause or a stop takes effect at the next sync."""
+        return self.outer.due(step)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.outer.state_tensors()  # anchors and momentum count as optimizer state
+
+    def logged(self, step: int) -> dict[str, Any]:
+        return {"outer_steps": self.outer.syncs_by(step)}

@@ -39,36 +39,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from workers.contract.local_sgd import StalenessPolicy
-from workers.contract.spec import JobSpec
-from workers.engine.data import BatchLoader
+from workers.engine.accounting import memory_held
+from workers.engine.checkpoint.state import TensorState
+from workers.engine.dp_strategy import DataParallelStrategy, TrainerView
 from workers.engine.grad_clip import clip_grad_norm
-from workers.engine.optimizer import ensure_state, model_name
-from workers.engine.parts import ModelParts
-from workers.engine.step_clock import StepClock
+from workers.engine.metrics import RankReport
+from workers.engine.nonfinite import NonFiniteLoss
+from workers.engine.optimizer import Optimizers, ensure_state, model_name
 from workers.engine.step_outcome import StopVote, agree
-
-
-class Trainer(Protocol):
-    """What a replica uses of the trainer it runs in (workers/engine/trainer.py)."""
-
-    spec: JobSpec
-    parts: ModelParts
-    loader: BatchLoader
-    clock: StepClock
-    device: torch.device
-    grad_hook: Callable[[int, list[torch.nn.Module]], None] | None
-    on_progress: Callable[[], None] | None
-    step: int
-
-    def forward_backward(self, rows: torch.Tensor) -> torch.Tensor: ...
-    def lr_at(self, step: int) -> float: ...
-
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +297,7 @@ class RoundOutcome:
 class AsyncReplica:
     """This rank's replica and the shard it serves; every rank of the world builds one."""
 
-    def __init__(self, trainer: Trainer, params: list[torch.nn.Parameter]) -> None:
+    def __init__(self, trainer: TrainerView, params: list[torch.nn.Parameter]) -> None:
         self.trainer = trainer
         self.params = params  # the trainer's, in the model's order
         spec = trainer.spec
@@ -402,8 +386,7 @@ class AsyncReplica:
             rows = trainer.loader.slot_batch(step, slot).to(trainer.device)
         with trainer.clock.part("compute"):
             loss = trainer.forward_backward(rows)
-        if trainer.grad_hook is not None:
-            trainer.grad_hook(step, trainer.parts.modules)
+        trainer.hooks.backward_done(step, trainer.parts.modules)
         norm = clip_grad_norm(
             self.params,
             trainer.spec.train.grad_clip or math.inf,
@@ -421,8 +404,7 @@ class AsyncReplica:
             self.outcome.loss_sum += value
             self.outcome.norm_sum += norm
         self.outcome.pushes += 1
-        if trainer.on_progress is not None:  # a heartbeat between meetings
-            trainer.on_progress()
+        trainer.hooks.progress()  # a heartbeat between meetings
         return ticket
 
     @torch.no_grad()
@@ -550,3 +532,80 @@ class AsyncReplica:
             work.wait()
         if self.server is not None:
             self.server.join(60.0)
+
+
+class AsyncState:
+    """A checkpoint's optimizer part under async replicas: the AdamW state of the
+    parameters this rank serves, as `optim.<name>.<key>` (the ranks together hold every
+    key once, as any layout does)."""
+
+    def __init__(self, shard: ParameterShard, optimizers: Optimizers) -> None:
+        self.shard = shard
+        self.optimizers = optimizers
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"optim.{name}": value for name, value in self.shard.state_dict().items()}
+
+    def load_template(self, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return self.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        # The shard takes the restored parameters when the replica starts serving.
+        self.optimizers.after_params_loaded()
+
+
+class AsyncStrategy(DataParallelStrategy):
+    """Replicas that push to parameter-server shards and meet at logged steps."""
+
+    wraps_model = False
+
+    def __init__(self, trainer: TrainerView) -> None:
+        super().__init__(trainer)
+        self.replica = AsyncReplica(trainer, trainer.params)
+
+    @property
+    def meeting_every(self) -> int:
+        return self.trainer.spec.train.log_every
+
+    @property
+    def steps_per_advance(self) -> int:
+        # A save call comes once a round: the snapshot budget is of a round's time.
+        return self.trainer.spec.train.log_every
+
+    def optimizer_state(self) -> TensorState:
+        return AsyncState(self.replica.shard, self.trainer.optimizers)
+
+    def start(self, step: int) -> None:
+        self.replica.start(step)
+
+    def advance(self) -> dict[str, Any]:
+        """Train up to the next logged step, where the replicas meet."""
+        trainer = self.trainer
+        steps_before = trainer.step
+        every, total = trainer.spec.train.log_every, trainer.spec.train.steps
+        last = 1 if trainer.step == 0 else min(total, (trainer.step // every + 1) * every)
+        metrics = self.replica.train_round(last, trainer.vote)
+        bad = metrics.pop("nonfinite_step")
+        if bad is not None:  # known to every rank at the meeting: all raise
+            raise NonFiniteLoss(bad, math.nan, trainer.loader.batch_of(bad))
+        trainer.step = last
+        steps = last - steps_before
+        memory = memory_held(trainer.params, trainer.optimizers, self.replica.shard.tensors())
+        # A replica's gradients live from each backward until its push, not at a meeting:
+        # count the most it holds.
+        memory["grads"] = sum(p.nelement() * p.element_size() for p in trainer.params)
+        parts = {part: s / steps for part, s in trainer.clock.seconds().items()}
+        trainer.metrics.report = RankReport(memory, parts, metrics["step_time_s"])
+        tokens_per_s = trainer.metrics.tokens_per_step / metrics["step_time_s"]
+        metrics.update(
+            lr=trainer.lr_at(last),
+            tokens_per_s=tokens_per_s,
+            mfu=trainer.metrics.mfu(tokens_per_s),
+        )
+        return metrics
+
+    def close(self) -> None:
+        self.replica.close()
+
+    def abandon(self) -> None:
+        self.replica.abandon()

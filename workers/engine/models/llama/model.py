@@ -7,36 +7,14 @@ it does not own removed, and parameter names never change with the layout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.engine.models.llama.config import ModelArgs
 from workers.engine.random_init import random_parameters
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
-    seq_len: int
-    ffn_dim: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    @classmethod
-    def from_resolved(cls, resolved: dict[str, Any]) -> ModelArgs:
-        """Build from `ModelSpec.resolved()`."""
-        return cls(**resolved)
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +122,7 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int = 0) -> None:
         """The weights the engine gives a job seeded `seed`, in one piece (see
         workers/engine/random_init.py: each parameter from its own seeded generator)."""
-        draw = random_parameters(seed=seed, n_layers=self.args.n_layers)
+        draw = random_parameters(seed=seed, init_std=partial(init_std, args=self.args))
         for name, p in self.named_parameters():
             p.copy_(draw(name, p.shape, p.device))
 
@@ -165,17 +143,14 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
-    """Number of parameters; optionally without the token embedding (a lookup, not a matmul)."""
-    total = sum(p.numel() for p in model.parameters())
-    if exclude_embedding:
-        total -= sum(
-            p.numel()
-            for m in model.modules()
-            if isinstance(m, nn.Embedding)
-            for p in m.parameters()
-        )
-    return total
+def init_std(name: str, args: ModelArgs) -> float | None:
+    """GPT-2 style: N(0, 0.02), residual outputs scaled down by depth; None for norm
+    gains, which start at one."""
+    if name.endswith(("wo.weight", "w2.weight")):
+        return 0.02 / (2 * args.n_layers) ** 0.5
+    if name.endswith("norm.weight"):
+        return None
+    return 0.02
 
 
 def flops_per_token(args: ModelArgs, n_params_no_embedding: int) -> int:

@@ -1,0 +1,60 @@
+"""The tokenized-corpus cache: one memmap per (files, tokenizer), in SHARDLINE_CACHE_DIR,
+kept under SHARDLINE_TOKEN_CACHE_BYTES by dropping the corpora used longest ago."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHARDLINE_CACHE_DIR", Path.home() / ".cache" / "shardline"))
+
+
+# The tokenized-corpus cache keeps at most this many bytes (SHARDLINE_TOKEN_CACHE_BYTES),
+# dropping the corpora used longest ago: every new corpus, or every edit of one, adds a file.
+TOKEN_CACHE_BYTES = 20 << 30
+
+
+def token_cache_limit() -> int:
+    raw = os.environ.get("SHARDLINE_TOKEN_CACHE_BYTES")
+    try:
+        return int(raw) if raw else TOKEN_CACHE_BYTES
+    except ValueError:
+        log.warning(
+            "SHARDLINE_TOKEN_CACHE_BYTES=%r is not a number of bytes; using %d",
+            raw,
+            TOKEN_CACHE_BYTES,
+        )
+        return TOKEN_CACHE_BYTES
+
+
+def prune_token_cache(folder: Path, keep: Path, limit: int) -> list[Path]:
+    """Delete the least recently used cached corpora until the folder holds at most
+    `limit` bytes, never `keep` (the one in use now); returns what was deleted. A job that
+    has a deleted file mapped keeps reading it (the data lives until it is unmapped)."""
+    entries = []
+    for path in folder.iterdir():
+        if ".tmp" in path.suffix or path == keep:
+            continue  # a corpus being written, or the one just used
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # pruned by another job meanwhile
+        entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries) + (keep.stat().st_size if keep.exists() else 0)
+    deleted = []
+    for _, size, path in sorted(entries):  # oldest use first
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        deleted.append(path)
+    if deleted:
+        log.info(
+            "token cache over %d bytes: removed %d corpora used longest ago", limit, len(deleted)
+        )
+    return deleted
