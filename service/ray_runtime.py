@@ -73,7 +73,8 @@ class RaySupervisors:
         """Create the job's detached supervisor (or reuse it) and start its loop."""
         handle: Any = self._handle(job.id)
         if handle is None:
-            spec_json = JobSpec.model_validate(job.spec).model_dump_json()
+            # Validated when it was submitted; read back, it crosses Ray as the object.
+            spec = JobSpec.model_validate(job.spec)
             handle = SupervisorActor.options(
                 name=supervisor_name(job.id),
                 namespace=NAMESPACE,
@@ -88,7 +89,7 @@ class RaySupervisors:
                 resources={HEAD_RESOURCE: 0.001},
             ).remote(
                 self.settings.job_layout(job.id),
-                spec_json,
+                spec,
                 # What the database holds: a replacement supervisor replays the rest, and
                 # goes on counting the job's failures from there.
                 recorded_step=job.current_step,
@@ -237,9 +238,7 @@ class RayRuntime:
         # (it measures one core, and its all-reduce processes are its own children).
         gpus = spec.resources.gpus_per_worker
         task = ray.remote(num_cpus=1, num_gpus=gpus)(calibrate_here)
-        answer = task.options(runtime_env=self.supervisors.runtime_env).remote(
-            spec.model_dump_json(), ranks
-        )
+        answer = task.options(runtime_env=self.supervisors.runtime_env).remote(spec, ranks)
         try:
             return Rates.from_json(ray.get(answer, timeout=CALIBRATE_TIMEOUT_S))
         except ray.exceptions.GetTimeoutError:

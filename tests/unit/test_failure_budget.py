@@ -117,7 +117,7 @@ class InProcessSupervisors:
     def launch(self, job: Job) -> None:
         sup = JobSupervisor(
             JobLayout(str(self.root), job.id),
-            JobSpec.model_validate(job.spec).model_dump_json(),
+            JobSpec.model_validate(job.spec),
             workers=self.groups.pop(0),
             recorded_step=job.current_step,
             failures=job.failures,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from workers.contract.spec import JobSpec
-from workers.runtime import worker_group
+from workers.runtime import group_callbacks
+from workers.runtime.group_callbacks import PoolLending, SnapshotCleanup
 from workers.runtime.spares import PastFirstStep
 from workers.runtime.worker_group import WorkerGroup
 from workers.storage.layout import CheckpointLocations, JobLayout
@@ -27,24 +28,29 @@ SPEC = {
 def told(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What the group said to the pool (the Ray calls replaced: no cluster here)."""
     calls: list[str] = []
-    monkeypatch.setattr(worker_group, "refill_pool", lambda: calls.append("refill"))
-    monkeypatch.setattr(worker_group, "remove_snapshots_on", lambda nodes, layout: None)
+    monkeypatch.setattr(group_callbacks, "refill_pool", lambda: calls.append("refill"))
+    monkeypatch.setattr(group_callbacks, "remove_snapshots_on", lambda nodes, layout: None)
     return calls
 
 
-def group(tmp_path: Path) -> WorkerGroup:
+def group(tmp_path: Path, lending: PoolLending) -> WorkerGroup:
     layout = JobLayout(storage_root=str(tmp_path), job_id="job-1")
     return WorkerGroup(
-        JobSpec.model_validate(SPEC), layout, CheckpointLocations(), worker_actor=None
+        JobSpec.model_validate(SPEC),
+        layout,
+        CheckpointLocations(),
+        worker_actor=None,
+        callbacks=[lending, SnapshotCleanup()],
     )
 
 
 def test_a_released_group_tells_the_pool_once(told: list[str], tmp_path: Path) -> None:
-    g = group(tmp_path)
-    g.pool_refill = PastFirstStep()  # took ranks from the pool; not yet seen training
+    lending = PoolLending()
+    g = group(tmp_path, lending)
+    lending.refill = PastFirstStep()  # took ranks from the pool; not yet seen training
     g.release()
     assert told == ["refill"]
-    assert g.pool_refill is None
+    assert lending.refill is None
     g.release()  # released again (a cancel after a failure): nothing more to say
     assert told == ["refill"]
 
@@ -52,6 +58,6 @@ def test_a_released_group_tells_the_pool_once(told: list[str], tmp_path: Path) -
 def test_a_group_that_took_nothing_from_the_pool_says_nothing(
     told: list[str], tmp_path: Path
 ) -> None:
-    g = group(tmp_path)
+    g = group(tmp_path, PoolLending())
     g.release()
     assert told == []

@@ -85,7 +85,7 @@ def make(tmp_path: Path, workers: FakeWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate(
         {"name": "s", "parallel": {"dp": 2}, "fault_tolerance": {"max_failures": 1, **ft}}
     )
-    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
+    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
 
 
 @pytest.fixture(autouse=True)

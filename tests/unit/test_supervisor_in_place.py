@@ -161,7 +161,7 @@ def test_a_gpu_job_restarts_every_rank(tmp_path: Path) -> None:
     workers = InPlaceScriptedWorkers([[lost_rank()], [training(), done()]], ["node-a", "node-a"])
     body = {"name": "s", "parallel": {"dp": 2}, "resources": {"gpus_per_worker": 1}}
     spec = JobSpec.model_validate({**body, "fault_tolerance": {"max_failures": 1}})
-    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
+    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
     assert sup.run() == JobState.SUCCEEDED
     assert "in place [1]" not in workers.calls
     assert "NCCL" in recovery(sup)["why_not_in_place"]

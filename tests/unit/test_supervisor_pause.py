@@ -88,7 +88,7 @@ class PausableWorkers:
 def test_pause_checkpoints_releases_and_ends_paused(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor_module, "POLL_INTERVAL_S", 0.0)
     workers = PausableWorkers()
-    spec = JobSpec(name="t").model_dump_json()
+    spec = JobSpec(name="t")
     sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
     assert sup.step().state == JobState.RUNNING
     sup._enter(Next(JobState.RUNNING))
@@ -127,7 +127,7 @@ def test_a_replacement_supervisor_replays_metrics_the_database_never_got(
     logged.parent.mkdir(parents=True)
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in range(1, 9)]
     logged.write_text("\n".join(lines) + '\n{"step": 9, "lo')  # the last write was cut
-    spec = JobSpec(name="t").model_dump_json()
+    spec = JobSpec(name="t")
     layout = JobLayout(str(tmp_path), "job3")
     sup = JobSupervisor(layout, spec, workers=PausableWorkers(), recorded_step=5)
     assert sup.step().state == JobState.RUNNING

@@ -82,7 +82,7 @@ class ScriptedWorkers:
 
 def make(tmp_path: Path, workers: ScriptedWorkers, **ft: Any) -> JobSupervisor:
     spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}, "fault_tolerance": ft})
-    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
+    return JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
 
 
 def events(sup: JobSupervisor) -> list[EventEntry]:
@@ -320,7 +320,7 @@ def test_steps_whose_poll_was_lost_are_taken_from_the_metrics_file(tmp_path: Pat
     done = [status(0, WorkerPhase.DONE, 4), status(1, WorkerPhase.DONE, 4)]
     spec = JobSpec.model_validate({"name": "s", "parallel": {"dp": 2}})
     workers = LoggingWorkers([[first, later, done]], tmp_path / "job1" / "metrics.jsonl")
-    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec.model_dump_json(), workers=workers)
+    sup = JobSupervisor(JobLayout(str(tmp_path), "job1"), spec, workers=workers)
     assert sup.run() == JobState.SUCCEEDED
     steps = [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)]
     assert steps == [1, 2, 3, 4]

@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from workers.contract.spec import JobSpec
 from workers.runtime import priority
+from workers.runtime.group_callbacks import PoolLending, SnapshotCleanup, SpareMaking
 from workers.runtime.pooled_worker import PooledWorker
 from workers.runtime.supervisor import JobSupervisor
 from workers.runtime.warm_pool import Idle, WarmPool
@@ -28,17 +29,18 @@ PooledWorkerActor = ray.remote(num_cpus=0, max_restarts=0)(PooledWorker)
 
 def ray_workers(spec: JobSpec, layout: JobLayout, locations: CheckpointLocations) -> WorkerGroup:
     """A job's ranks as Ray actors in one placement group."""
-    return WorkerGroup(spec, layout, locations, worker_actor=WorkerActor)
+    callbacks = [SpareMaking(), PoolLending(), SnapshotCleanup()]
+    return WorkerGroup(spec, layout, locations, worker_actor=WorkerActor, callbacks=callbacks)
 
 
 class RayJobSupervisor(JobSupervisor):
     """The supervisor as the control plane starts it: its workers are Ray actors."""
 
-    def __init__(self, layout: JobLayout, spec_json: str, **options: Any) -> None:
+    def __init__(self, layout: JobLayout, spec: JobSpec, **options: Any) -> None:
         # Out of Ray's nice 15, where warm processes starting beside it held back the
         # relay of the job's steps (and its recovery) by seconds on busy cores.
         priority.normal()
-        super().__init__(layout, spec_json, make_workers=ray_workers, **options)
+        super().__init__(layout, spec, make_workers=ray_workers, **options)
 
 
 # The supervisor reserves nothing: the job's resources are all in its placement group.

@@ -9,9 +9,8 @@ from typing import Any
 from workers.contract.spec import JobSpec
 
 
-def calibrate_here(spec_json: str, ranks: int) -> dict[str, Any]:
+def calibrate_here(spec: JobSpec, ranks: int) -> dict[str, Any]:
     """`shardline plan --calibrate`'s measurement on this node, as JSON."""
-    spec = JobSpec.model_validate_json(spec_json)
     if spec.resources.gpus_per_worker == 0:
         # Ray leaves a task without GPUs its node's GPUs visible: measure the CPU, as a
         # CPU job's ranks run (the control plane checks the device it got, too).

@@ -30,7 +30,7 @@ def adopt_ranks(nodes: dict[int, str], job: tuple[Any, ...]) -> dict[int, Any]:
 
     if not nodes:
         return {}
-    layout, world_size, spec_json, locations, cpus = job
+    layout, world_size, spec, locations, cpus = job
     try:  # what an adopted rank watches: the supervisor this runs in
         supervisor = ray.get_runtime_context().current_actor
     except Exception:
@@ -48,7 +48,7 @@ def adopt_ranks(nodes: dict[int, str], job: tuple[Any, ...]) -> dict[int, Any]:
         rank: (
             worker,
             worker.adopt.remote(
-                layout, rank, world_size, spec_json, locations, cpus, supervisor, access
+                layout, rank, world_size, spec, locations, cpus, supervisor, access
             ),
         )
         for rank, worker in zip(nodes, workers, strict=True)

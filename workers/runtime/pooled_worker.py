@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 from workers.contract.data_access import DataAccess
+from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerPhase
 from workers.runtime import priority
 from workers.runtime.rank_process import empty_device_cache
@@ -62,7 +63,7 @@ class PooledWorker(TrainingWorker):
         layout: JobLayout,
         rank: int,
         world_size: int,
-        spec_json: str,
+        spec: JobSpec,
         checkpoints: CheckpointLocations | None,
         cpus: float,
         supervisor: Any | None,
@@ -78,7 +79,7 @@ class PooledWorker(TrainingWorker):
         self._imports.join()
         if access is not None:
             access.install()
-        TrainingWorker.__init__(self, layout, rank, world_size, spec_json, checkpoints, cpus)
+        TrainingWorker.__init__(self, layout, rank, world_size, spec, checkpoints, cpus)
         self._adopted = True
         if supervisor is not None:
             self._watching = threading.Event()

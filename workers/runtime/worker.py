@@ -41,7 +41,7 @@ class TrainingWorker:
         layout: JobLayout,
         rank: int,
         world_size: int,
-        spec_json: str,
+        spec: JobSpec,
         checkpoints: CheckpointLocations | None = None,
         cpus: float = 1.0,
         spare: bool = False,
@@ -54,7 +54,7 @@ class TrainingWorker:
         if not spare:
             priority.normal()
         self.job_id, self.rank, self.world_size = layout.job_id, rank, world_size
-        self.spec = JobSpec.model_validate_json(spec_json)
+        self.spec = spec  # validated once, when the job was submitted; pickled by Ray
         self.checkpoints = layout.here(checkpoints)
         # Rank 0 also appends its metrics here: a supervisor that replaces a lost one
         # replays what never reached the database.

@@ -2,7 +2,9 @@
 
 Ranks are ordered by node so that neighbouring ranks (a tensor-parallel group, tp being the
 fastest-varying mesh dim) share a node. The worker actor class is handed in (see
-workers/runtime/actors.py), so this module imports no actor and no supervisor."""
+workers/runtime/actors.py), so this module imports no actor and no supervisor; so are the
+callbacks that run beside it (warm spares, the warm pool, snapshot cleanup:
+workers/runtime/group_callbacks.py)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from workers.contract.demand import bundle_resources, warm_spares_wanted
 from workers.contract.spec import JobSpec
 from workers.contract.status import WorkerStatus
+from workers.runtime.group_callbacks import WorkerGroupCallback
 from workers.runtime.joining import wait_for_start
 from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from workers.runtime.placement.node_health import alive_nodes, free_outside
-from workers.runtime.pool_lending import adopt_ranks, refill_pool, return_to_pool
-from workers.runtime.rank_calls import RankCalls
-from workers.runtime.snapshot_cleanup import remove_snapshots_on
-from workers.runtime.spares import PastFirstStep, WarmSpares, kill_and_confirm
+from workers.runtime.spares import WarmSpares, kill_and_confirm
 from workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
 from workers.storage.layout import CheckpointLocations, JobLayout
 
@@ -44,7 +44,7 @@ KILL_CONFIRM_S = 10.0
 SETTLE_S = 5.0
 
 
-class WorkerGroup(RankCalls):
+class WorkerGroup:
     def __init__(
         self,
         spec: JobSpec,
@@ -52,9 +52,11 @@ class WorkerGroup(RankCalls):
         locations: CheckpointLocations,
         *,
         worker_actor: Any,
+        callbacks: list[WorkerGroupCallback] | None = None,
     ) -> None:
         self.job_id, self.spec, self.layout, self.locations = layout.job_id, spec, layout, locations
         self.worker_actor = worker_actor  # the Ray actor class of one rank
+        self.callbacks = callbacks or []
         self.world_size = spec.parallel.world_size
         self.pg: PlacementGroup | None = None
         self.actors: list[Any] = []
@@ -62,12 +64,9 @@ class WorkerGroup(RankCalls):
         self.bundle_of_rank: list[int] = []
         self.node_of_rank: list[str] = []
         self.excluded_nodes: set[str] = set()  # bad nodes: kept out of the next placement
-        self._snapshot_nodes: set[str] = set()  # nodes that may hold this job's snapshots
         self.spares = WarmSpares()
         self.warm_start = False  # whether the last start() ran on warm spares
-        self.pooled_ranks = 0  # how many ranks it took from the warm pool
-        self.pool_refill: PastFirstStep | None = None  # when to tell the pool to refill
-        self.from_pool: dict[Any, str] = {}  # the pool's workers it adopted -> their nodes
+        self.pooled_ranks = 0  # how many ranks a callback lent it (the warm pool)
 
     def reserve(self, timeout_s: float) -> list[str]:
         """Create the placement group and wait for it; returns each rank's node id."""
@@ -89,6 +88,11 @@ class WorkerGroup(RankCalls):
         self.bundle_of_rank = sorted(range(self.world_size), key=lambda b: (nodes[b], b))
         self.node_of_rank = [nodes[b] for b in self.bundle_of_rank]
         return self.node_of_rank
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """What one rank's bundle reserves."""
+        return bundle_resources(self.spec)
 
     def resize(self, spec: JobSpec) -> None:
         """Use `spec`'s layout from the next reserve() (an elastic re-plan): the placement
@@ -133,17 +137,10 @@ class WorkerGroup(RankCalls):
             remove_placement_group(self.pg)
             self.pg = None
 
-    def _locations(self) -> CheckpointLocations:
-        """Where the ranks save and restore; notes the nodes that will hold snapshots (each
-        rank writes into its own node's host memory: workers/engine/checkpoint/spread.py)."""
-        if self.locations.snapshot_url is not None:
-            self._snapshot_nodes |= set(self.node_of_rank)
-        return self.locations
-
     def start(self, join_timeout_s: float, cancelled: Callable[[], bool]) -> None:
         """One actor per rank; all join the world and start training."""
         assert self.pg is not None, "reserve() first"
-        self.actors = self._fresh_actors(self._locations(), None)
+        self.actors = self._fresh_actors(None)
         self._join(join_timeout_s, cancelled, rejoining=set())
 
     def restart_in_place(
@@ -157,7 +154,7 @@ class WorkerGroup(RankCalls):
             raise InPlaceRefused("the job's ranks were already taken down")
         kill_and_confirm([self.actors[r] for r in lost], KILL_CONFIRM_S, self.job_id)
         settling = [self.actors[r].settle.remote(SETTLE_S) for r in survivors]
-        for rank, actor in zip(lost, self._fresh_actors(self._locations(), lost), strict=True):
+        for rank, actor in zip(lost, self._fresh_actors(lost), strict=True):
             self.actors[rank] = actor
         try:
             ray.get(settling, timeout=SETTLE_S + KILL_CONFIRM_S)
@@ -167,18 +164,18 @@ class WorkerGroup(RankCalls):
             raise InPlaceRefused(msg) from None
         self._join(join_timeout_s, cancelled, rejoining=set(survivors))
 
-    def _fresh_actors(self, locations: CheckpointLocations, ranks: list[int] | None) -> list[Any]:
+    def _fresh_actors(self, ranks: list[int] | None) -> list[Any]:
         """New actors for `ranks` (default: all): warm spares where ready, else new."""
         self.warm_start, self.pooled_ranks = False, 0  # said in the supervisor's event
         if ranks == []:  # every rank goes on in its process: the spares wait for a later use
             return []
         self.attempt += 1
-        spares, thrown = self.spares.take(self._spare_key(locations), self.job_id, ranks)
+        spares, thrown = self.spares.take(self._spare_key(), self.job_id, ranks)
         if thrown:
             self.attempt += 1  # the thrown spares' names may not be free yet
         self.warm_start = bool(spares)
         self.spares.attempt_started()
-        return spares or self._make_actors(self.attempt, locations, spare=False, ranks=ranks)
+        return spares or self._make_actors(self.attempt, spare=False, ranks=ranks)
 
     def _join(
         self, join_timeout_s: float, cancelled: Callable[[], bool], rejoining: set[int]
@@ -199,34 +196,25 @@ class WorkerGroup(RankCalls):
             self.drop_placement()
             raise NodeLost(dead) from None
         log.info("job %s: %d workers started at %s:%d", self.job_id, len(self.actors), addr, port)
+        for callback in self.callbacks:
+            callback.after_start(self)
 
     def _make_actors(
-        self,
-        attempt: int,
-        locations: CheckpointLocations,
-        *,
-        spare: bool,
-        ranks: list[int] | None = None,
+        self, attempt: int, *, spare: bool, ranks: list[int] | None = None
     ) -> list[Any]:
         """An actor per rank of `ranks` (default: all) in its bundle (a spare reserves none):
-        an idle one of the warm pool where it has one on the rank's node, else a new one."""
+        one a callback lends (the warm pool's, on the rank's node), else a new one."""
         assert self.pg is not None, "reserve() first"
-        res, spec_json = bundle_resources(self.spec), self.spec.model_dump_json()
+        res, locations = self.resources, self.locations
         wanted = [r for r in range(self.world_size) if ranks is None or r in ranks]
-        pooled = (
-            {}
-            if spare or res.get("GPU")
-            else adopt_ranks(
-                {r: self.node_of_rank[r] for r in wanted},
-                (self.layout, self.world_size, spec_json, locations, res["CPU"]),
-            )
-        )
+        lent: dict[int, Any] = {}
         if not spare:
-            self.pooled_ranks = len(pooled)
-            self.pool_refill = PastFirstStep() if pooled else None
-            self.from_pool.update({a: self.node_of_rank[r] for r, a in pooled.items()})
+            for callback in self.callbacks:
+                nodes = {r: self.node_of_rank[r] for r in wanted if r not in lent}
+                lent.update(callback.lend(self, nodes) if nodes else {})
+            self.pooled_ranks = len(lent)
         return [
-            pooled.get(rank)
+            lent.get(rank)
             or self.worker_actor.options(
                 name=worker_name(self.job_id, attempt, rank),
                 namespace=NAMESPACE,
@@ -235,22 +223,18 @@ class WorkerGroup(RankCalls):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=self.bundle_of_rank[rank]
                 ),
-            ).remote(self.layout, rank, self.world_size, spec_json, locations, res["CPU"], spare)
+            ).remote(self.layout, rank, self.world_size, self.spec, locations, res["CPU"], spare)
             for rank in wanted
         ]
 
-    def _spare_key(self, locations: CheckpointLocations) -> tuple[Any, ...]:
-        return (self.pg, tuple(self.bundle_of_rank), self.spec.model_dump_json(), locations)
+    def _spare_key(self) -> tuple[Any, ...]:
+        return (self.pg, tuple(self.bundle_of_rank), self.spec.model_dump_json(), self.locations)
 
     def make_spares(self) -> None:
         """Start the next attempt's actors now, so a restart finds them warm."""
         if self.pg is None or not warm_spares_wanted(self.spec):
             return
-        locations = self._locations()
-        self.spares.make(
-            lambda: self._make_actors(self.attempt + 1, locations, spare=True),
-            self._spare_key(locations),
-        )
+        self.spares.make(lambda: self._make_actors(self.attempt + 1, spare=True), self._spare_key())
 
     def poll(self, timeout_s: float) -> list[WorkerStatus]:
         """Every rank's status; a rank that does not answer in time is reported failed."""
@@ -268,11 +252,8 @@ class WorkerGroup(RankCalls):
             except ray.exceptions.RayActorError as err:
                 why = f"its actor died: {type(err).__name__}"
                 statuses.append(WorkerStatus.lost_rank(rank, why))
-        if self.spares.due(statuses):
-            self.make_spares()
-        if self.pool_refill is not None and self.pool_refill.passed(statuses):
-            self.pool_refill = None  # the pool replaces what this start took from it now
-            refill_pool()
+        for callback in self.callbacks:
+            callback.after_poll(self, statuses)
         return statuses
 
     def kill_workers(self) -> None:
@@ -283,18 +264,34 @@ class WorkerGroup(RankCalls):
         self.actors = []
 
     def release(self) -> None:
-        """Give the warm pool back the ranks it lent that ended cleanly, kill the other
-        workers, give the placement group back, remove the snapshots."""
-        self.actors = return_to_pool(self.actors, self.from_pool)  # those it did not take
-        self.from_pool.clear()
-        if self.pool_refill is not None:  # a short job: its successor finds the pool full
-            self.pool_refill = None
-            refill_pool()
+        """The job is done with its ranks: the callbacks take back what they lent (the
+        warm pool, those that ended cleanly), the other workers are killed, the placement
+        group given back, and the callbacks clean up after them (the snapshots)."""
+        for callback in self.callbacks:
+            callback.before_release(self)
         self.kill_workers()
         self.drop_placement()
-        self.remove_snapshots()
+        for callback in self.callbacks:
+            callback.after_release(self)
 
-    def remove_snapshots(self) -> None:
-        """Delete the job's in-memory snapshots on every node that may hold them."""
-        remove_snapshots_on(self._snapshot_nodes, self.layout)
-        self._snapshot_nodes.clear()
+    # -- what the group asks of all its ranks, or of one, by a Ray call -------------------
+
+    def inject_fault(self, rank: int, kind: str) -> None:
+        """Deliver a chaos-test fault to one rank (it answers before a `kill` takes it)."""
+        if not self.actors:
+            raise ValueError("the job's workers are being replaced; send it once RUNNING again")
+        if not 0 <= rank < len(self.actors):
+            raise ValueError(f"rank {rank} is not one of the job's {len(self.actors)} ranks")
+        ray.get(self.actors[rank].inject_fault.remote(kind), timeout=30)
+
+    def profile(self, profile_id: str, steps: int) -> int:
+        """Have every rank record its next `steps` steps (workers/runtime/profiling.py);
+        how many ranks were asked."""
+        if not self.actors:
+            raise ValueError("the job's workers are being replaced; ask once RUNNING again")
+        ray.get([a.profile.remote(profile_id, steps) for a in self.actors], timeout=30)
+        return len(self.actors)
+
+    def request_stop(self, save: bool = False) -> None:
+        for a in self.actors:
+            a.stop.remote(save)

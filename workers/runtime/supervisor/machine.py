@@ -13,12 +13,13 @@ import threading
 import time
 
 from workers.contract.events import Event, EventKind
+from workers.contract.faults import FaultKind
 from workers.contract.lifecycle import TERMINAL, JobState, is_legal
+from workers.contract.progress import ProgressBuffer, ProgressRead
 from workers.contract.spec import JobSpec
 from workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
 from workers.runtime.placement.elastic import describe_layout
 from workers.runtime.placement.reservation import ResizableWorkers, reserve_placement
-from workers.runtime.supervisor.calls import ControlPlaneCalls
 from workers.runtime.supervisor.decisions import Next
 from workers.runtime.supervisor.grow import GrowBack
 from workers.runtime.supervisor.handling import FailureHandling
@@ -27,6 +28,7 @@ from workers.runtime.supervisor.recovery import Recovery
 from workers.runtime.supervisor.relay import ProgressRelay
 from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
 from workers.runtime.supervisor.workers import (
+    FaultRefused,
     InPlaceWorkers,
     NodeLost,
     StartCancelled,
@@ -53,11 +55,15 @@ PAUSE_GRACE_S = 600.0
 STOPPED = TERMINAL | {JobState.PAUSED}
 
 
-class JobSupervisor(ControlPlaneCalls):
+class JobSupervisor:
+    """The state machine of one job, and what the control plane calls on it (the Ray
+    actor's methods): they answer at once from the actor's threads, and the loop acts on
+    the requests."""
+
     def __init__(
         self,
         layout: JobLayout,
-        spec_json: str,
+        spec: JobSpec,
         *,
         workers: Workers | None = None,
         make_workers: WorkersFactory | None = None,
@@ -68,9 +74,9 @@ class JobSupervisor(ControlPlaneCalls):
         """`recorded_step`, `failures`: the database's; `recovering`: replaces a lost one."""
         self.layout = layout
         self.job_id = layout.job_id
-        self.spec = JobSpec.model_validate_json(spec_json)
+        self.spec = spec  # validated once, when the job was submitted
         layout.dir.mkdir(parents=True, exist_ok=True)
-        layout.spec_file.write_text(spec_json)
+        layout.spec_file.write_text(spec.model_dump_json())
         if workers is None:
             assert make_workers is not None, "give the workers or a factory for them"
             workers = make_workers(self.spec, layout, checkpoint_locations(self.spec, layout))
@@ -93,6 +99,62 @@ class JobSupervisor(ControlPlaneCalls):
         self._pause = threading.Event()
         self.finished_training = False  # its ranks are done: RUNNING a moment longer
         self._thread: threading.Thread | None = None
+
+    # -- what the control plane calls ---------------------------------------------------
+
+    @property
+    def buffer(self) -> ProgressBuffer:
+        return self.relay.buffer
+
+    @property
+    def failures(self) -> int:
+        return self.handling.failures
+
+    def start(self) -> None:
+        """Run the state machine in the background (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self.run, name=f"supervise-{self.job_id}", daemon=True
+            )
+            self._thread.start()
+
+    def read(self, after_seq: int) -> ProgressRead:
+        """Buffered entries after `after_seq`, and the state now."""
+        return {
+            "entries": self.buffer.after(after_seq),
+            "state": self.state.value,
+            "last_seq": self.buffer.last_seq,
+        }
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self.handling.wake.set()
+
+    def pause(self) -> None:
+        """Checkpoint, free the workers and the placement group, end PAUSED."""
+        self._pause.set()
+        self.handling.wake.set()
+
+    def inject_fault(self, kind: str, rank: int) -> None:
+        """Chaos testing: have rank `rank` fail as `kind` says (workers/runtime/faults.py)."""
+        fault = FaultKind(kind)
+        self._running().inject_fault(rank, fault.value)
+        message = f"fault injected: {self.recoveries.inject(fault.value, rank)}"
+        self.relay.event(Event(EventKind.FAULT_INJECTED, message, {"fault": kind, "rank": rank}))
+
+    def profile(self, profile_id: str, steps: int) -> int:
+        """Have every rank record its next `steps` steps (workers/runtime/profiling.py)."""
+        ranks = self._running().profile(profile_id, steps)
+        said = f"profile {profile_id}: recording the next {steps} steps of {ranks} rank(s)"
+        self.relay.event(Event(EventKind.PROFILE, said, {"profile": profile_id, "ranks": ranks}))
+        return ranks
+
+    def _running(self) -> Workers:  # to ask something of a RUNNING job's workers
+        if self.state != JobState.RUNNING or self._cancel.is_set() or self._pause.is_set():
+            raise FaultRefused(f"the job's supervisor is {self.state.value}, not RUNNING")
+        if self.finished_training:  # still RUNNING while its end is recorded
+            raise FaultRefused("the job has finished training: its workers are gone")
+        return self.workers
 
     # -- the state machine -------------------------------------------------------------
 
