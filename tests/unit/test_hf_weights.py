@@ -175,3 +175,16 @@ def test_weights_symlinked_from_outside_the_data_roots_are_refused(
     args = ModelArgs(seq_len=64, **shape_from_config(config))
     with pytest.raises(DataAccessDenied, match="outside the data roots"):
         load_init_from([Transformer(args)], root / "llama", LLAMA, args)
+
+
+def test_a_folder_of_another_model_type_than_the_job_s_family_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The worker reads config.json again: a folder changed after the job was submitted
+    to another architecture is refused, not read as the job's family."""
+    save_random_llama(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    args = ModelArgs(seq_len=64, **shape_from_config(config))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    with pytest.raises(ValueError, match="model_type='mistral', not one of the llama family"):
+        load_init_from([Transformer(args)], tmp_path, LLAMA, args)

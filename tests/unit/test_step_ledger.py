@@ -72,3 +72,14 @@ def test_finite_steps_settle_to_the_world_mean() -> None:
     for step in range(1, 4):
         ledger.note(step, _loss(4.0))
     assert ledger.settle(3, _loss(4.0), batch_of=lambda s: s) == 2.0  # one process: 4 / 2
+
+
+def test_a_new_run_keeps_nothing_of_an_earlier_one() -> None:
+    """A non-finite loss noted before a run (a step trained by hand, then `train()`) is
+    not raised in the new run, and its cadence starts again at every step."""
+    ledger = StepLedger(CPU, StopVote(), loss_copies=1)
+    ledger.note(3, _loss(math.nan))
+    ledger.every = 40
+    ledger.start_at(3)
+    assert ledger.every == 1 and ledger.due(4)
+    assert ledger.settle(4, _loss(2.0), batch_of=lambda s: s) == 2.0

@@ -26,6 +26,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from workers.contract.data_access import DataAccess
 from workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX
 from workers.engine.models.family import ModelFamily, StateDictAdapter
+from workers.engine.models.registry import family_of_model_type
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,12 @@ def load_init_from(modules: list[nn.Module], folder: Path, family: ModelFamily, 
     access = DataAccess.from_env()
     with access.open(folder / CONFIG, "model.init_from") as handle:
         config = json.loads(handle.read().decode("utf-8"))
+    if family_of_model_type(config.get("model_type")) != family.name:
+        raise ValueError(
+            f"model.init_from: {folder}/{CONFIG} has model_type={config.get('model_type')!r}, "
+            f"not one of the {family.name} family the job builds; the folder changed after "
+            "the job was submitted"
+        )
     shape = family.config.shape_from_hf(config)
     adapter = family.state_dict_adapter(args)
     for field, value in shape.items():

@@ -129,9 +129,13 @@ class StepLedger:
         self._mark: tuple[int, float] | None = None  # (step, clock) at the last vote
 
     def start_at(self, step: int) -> None:
-        """Training (re)starts after `step`: its first step votes."""
+        """Training (re)starts after `step`: its first step votes, at the first cadence,
+        and nothing of an earlier run is kept."""
+        self.every = 1
         self.next_vote = step + 1
         self._mark = None
+        self._first_bad.zero_()
+        self._bad_loss.zero_()
 
     def note(self, step: int, local_loss: torch.Tensor) -> None:
         """Step `step`'s loss on this rank: kept where it is the first not finite."""
