@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from api.auth_guard import FailedAuthGuard
 from api.errors import install_error_handlers
+from api.export_slots import ExportSlots
 from api.limits import BodySizeLimit
 from api.openapi import install_openapi
 from api.options import install_options
@@ -19,6 +20,7 @@ from api.routes import export, faults, jobs, logs, plan, profiles, queue, rates,
 from api.routes.docs import install_docs
 from api.routes.pages import install_status_page
 from api.telemetry import ApiTelemetry, TelemetryMiddleware
+from service.admission import Admission
 from service.config import Settings
 from service.db import Database
 from service.job_views import JobViews
@@ -75,10 +77,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         settings.auth_failures_per_s, settings.auth_failures_burst
     )
     app.state.quotas = UserQuotas(db, settings)
-    app.state.exports = export.ExportSlots()
+    app.state.exports = ExportSlots()
     app.state.rates = RatesBook(db)
     app.state.calibration = Calibration(
         app.state.rates, the_runtime.calibrate, the_runtime.share_rates
+    )
+    app.state.admission = Admission(
+        settings, app.state.store, the_runtime, app.state.quotas, app.state.rates
     )
     install_error_handlers(app)
     install_options(app)

@@ -12,11 +12,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.auth_guard import refusal_message
 from api.errors import ApiError
+from api.export_slots import ExportSlots
 from api.rate_limit import TokenBuckets, retry_after_header
+from api.telemetry import ApiTelemetry
+from service.admission import Admission
 from service.config import Settings
 from service.db import Database
 from service.job_views import JobViews
 from service.principal import Principal
+from service.rates import Calibration, RatesBook
 from service.read_cache import ReadCache, commits
 from service.runtime import Runtime
 from service.store import JobStore
@@ -39,6 +43,30 @@ async def get_store(request: Request) -> JobStore:
 
 async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
+
+
+async def get_admission(request: Request) -> Admission:
+    return request.app.state.admission
+
+
+async def get_rates(request: Request) -> RatesBook:
+    return request.app.state.rates
+
+
+async def get_calibration(request: Request) -> Calibration:
+    return request.app.state.calibration
+
+
+async def get_database(request: Request) -> Database:
+    return request.app.state.db
+
+
+async def get_telemetry(request: Request) -> ApiTelemetry:
+    return request.app.state.telemetry
+
+
+async def get_exports(request: Request) -> ExportSlots:
+    return request.app.state.exports
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,3 +264,9 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 CurrentUser = Annotated[Principal, Depends(get_current_user)]
+AdmissionDep = Annotated[Admission, Depends(get_admission)]
+RatesDep = Annotated[RatesBook, Depends(get_rates)]
+CalibrationDep = Annotated[Calibration, Depends(get_calibration)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+TelemetryDep = Annotated[ApiTelemetry, Depends(get_telemetry)]
+ExportsDep = Annotated[ExportSlots, Depends(get_exports)]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.rate_limit import retry_after_header
+from service.admission import Refused, SpecInvalid, StorageUnavailable
 from service.profiles import ProfileNotFound
 from service.queue import PriorityRefused
 from service.quotas import QuotaExceeded
@@ -27,6 +26,7 @@ from service.store import (
     JobNotFound,
     StoreError,
 )
+from workers.contract.spec import JobSpec
 from workers.contract.spec_errors import explain
 
 log = logging.getLogger(__name__)
@@ -68,24 +68,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
         self.headers = headers
-
-
-@contextmanager
-def checkpoint_storage() -> Iterator[None]:
-    """A read of the checkpoint storage: one that does not answer is a 503 that says so,
-    not a 500 (an object store's client raises its own errors, not OSError)."""
-    try:
-        yield
-    except ApiError:
-        raise
-    except Exception as err:
-        log.warning("the checkpoint storage failed a read: %r", err)
-        raise ApiError(
-            503,
-            "unavailable",
-            f"the checkpoint storage did not answer ({type(err).__name__}: {err}); "
-            "try again, or ask an admin to check SHARDLINE_CHECKPOINT_ROOT",
-        ) from None
 
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -136,6 +118,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, err: StoreError) -> JSONResponse:
         return error_response(_STORE_STATUS.get(type(err), 409), err.code, str(err))
+
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, err: Refused) -> JSONResponse:
+        return error_response(err.status, err.code, err.message, err.details)
+
+    @app.exception_handler(SpecInvalid)
+    async def _spec_invalid(_: Request, err: SpecInvalid) -> JSONResponse:
+        # The shape read from a config.json does not fit the layout (heads by tp, ...).
+        failed = validation_failed(err.errors, JobSpec)
+        return error_response(failed.status, failed.code, failed.message, failed.details)
+
+    @app.exception_handler(StorageUnavailable)
+    async def _storage(_: Request, err: StorageUnavailable) -> JSONResponse:
+        # A 503 that says so, not a 500.
+        return error_response(503, "unavailable", str(err))
 
     @app.exception_handler(QuotaExceeded)
     async def _quota(_: Request, err: QuotaExceeded) -> JSONResponse:

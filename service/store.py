@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
@@ -202,16 +202,13 @@ class JobStore:
             values: dict[str, Any] = {"state": to.value, "version": version + 1, **fields}
             if to in _STAMPS:
                 values[_STAMPS[to]] = utcnow()
-            result = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.version == version, Job.state == src.value)
-                .values(**values)
+            _compare_and_set(
+                s,
+                job_id,
+                (Job.version == version, Job.state == src.value),
+                values,
+                f"job {job_id} changed while moving it to {to.value}; read it again and retry",
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
-                raise ConcurrentUpdate(
-                    f"job {job_id} changed while moving it to {to.value}; read it again and retry"
-                )
             s.add(_event(job_id, "state", reason, {"from": src.value, "to": to.value}))
             s.commit()
         log.info("job %s: %s -> %s (%s)", job_id, src.value, to.value, reason)
@@ -300,14 +297,13 @@ class JobStore:
                 job_id, JobState.RESTARTING, reason, expected_version=expected_version, **fields
             )
         with self.db.session() as s:
-            result = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.version == expected_version)
-                .values(version=expected_version + 1, **fields)
+            _compare_and_set(
+                s,
+                job_id,
+                (Job.version == expected_version,),
+                {"version": expected_version + 1, **fields},
+                f"job {job_id} changed while restarting its supervisor",
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
-                raise ConcurrentUpdate(f"job {job_id} changed while restarting its supervisor")
             s.add(_event(job_id, "state", reason, {"from": job.state, "to": job.state}))
             s.commit()
         return self.get(job_id)
@@ -388,16 +384,13 @@ class JobStore:
                     steps_lost=Job.steps_lost + steps_lost,
                     seconds_lost=Job.seconds_lost + seconds_lost,
                 )
-            result = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.reconciled_seq == after_seq)
-                .values(**values)
+            _compare_and_set(
+                s,
+                job_id,
+                (Job.reconciled_seq == after_seq,),
+                values,
+                f"job {job_id}: progress after {after_seq} was already recorded",
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
-                raise ConcurrentUpdate(
-                    f"job {job_id}: progress after {after_seq} was already recorded"
-                )
             s.commit()
         return last_seq
 
@@ -482,6 +475,22 @@ class JobStore:
                     .order_by(Checkpoint.step)
                 )
             )
+
+
+def _compare_and_set(
+    s: Session,
+    job_id: str,
+    expected: tuple[ColumnElement[bool], ...],
+    values: dict[str, Any],
+    conflict: str,
+) -> None:
+    """Update the job's row with `values` only where it still holds what the caller read
+    (`expected`: its version, its state, its reconciled seq); else roll back and raise
+    ConcurrentUpdate(`conflict`): two writers can never both win."""
+    result = s.execute(update(Job).where(Job.id == job_id, *expected).values(**values))
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        s.rollback()
+        raise ConcurrentUpdate(conflict)
 
 
 def _event(job_id: str, kind: str, message: str, data: dict[str, Any] | None) -> JobEvent:

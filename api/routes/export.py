@@ -19,20 +19,18 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
-from api.deps import CurrentUser, SettingsDep, StoreDep
-from api.errors import ApiError, checkpoint_storage
+from api.deps import CurrentUser, ExportsDep, SettingsDep, StoreDep
+from api.errors import ApiError
 from api.openapi import error_responses
-from api.rate_limit import retry_after_header
+from service.admission import checkpoint_storage
 from service.config import Settings
 from workers.contract.data_access import DataAccess
 from workers.contract.sections import MAX_STEPS
@@ -48,10 +46,6 @@ EXPORT_TIMEOUT_S = 3600.0
 EXPORT_NICENESS = 10
 # A pin outlives the export by this much (a pin left by a server that died lapses then).
 PIN_MARGIN_S = 600.0
-# Exports convert one model each in a child process: a few at once use the host well.
-EXPORTS_AT_ONCE = 2
-EXPORTS_WAITING = 8
-EXPORT_RETRY_S = 30.0
 
 
 def _checkpoint(checkpoints: CheckpointStore, job_id: str, step: int | None) -> CommittedCheckpoint:
@@ -113,36 +107,6 @@ async def _run_export(
         raise ApiError(503, "unavailable", "the export failed on the server; see its log")
 
 
-class ExportSlots:
-    """At most `at_once` exports convert at a time, and at most `waiting` more wait for a
-    turn; beyond that a request is told to come back (429). Finding and pinning the
-    checkpoint runs on threads of its own, not the request pool that also serves
-    authentication and /healthz."""
-
-    def __init__(self, at_once: int = EXPORTS_AT_ONCE, waiting: int = EXPORTS_WAITING) -> None:
-        self.at_once, self.waiting = at_once, waiting
-        self._turns = asyncio.Semaphore(at_once)
-        self._in = 0
-        self.executor = ThreadPoolExecutor(at_once, thread_name_prefix="export")
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._in >= self.at_once + self.waiting:
-            raise ApiError(
-                429,
-                "too_many_exports",
-                f"{self._in} exports are running or waiting on this server (at most "
-                f"{self.at_once} at once); retry after the Retry-After seconds",
-                headers=retry_after_header(EXPORT_RETRY_S),
-            )
-        self._in += 1
-        try:
-            async with self._turns:
-                yield
-        finally:
-            self._in -= 1
-
-
 @router.get(
     "/{job_id}/export",
     response_class=FileResponse,
@@ -155,23 +119,22 @@ class ExportSlots:
     },
 )
 async def export_job(
-    request: Request,
     job_id: str,
     user: CurrentUser,
     store: StoreDep,
     settings: SettingsDep,
+    slots: ExportsDep,
     step: Annotated[int | None, Query(ge=1, le=MAX_STEPS)] = None,
 ) -> FileResponse:
     """A committed checkpoint (`step`, or the newest) as a Hugging Face Llama folder in a
     zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked. The
     checkpoint is kept from the job's retention (`keep_last`) while it is read."""
     job = await run_in_threadpool(store.get, job_id, user)
-    slots: ExportSlots = request.app.state.exports
     loop = asyncio.get_running_loop()
     async with slots.slot():
         layout = settings.job_layout(job.id)
         checkpoints = layout.checkpoints()
-        with checkpoint_storage():
+        with checkpoint_storage(ApiError):
             ckpt, pin = await loop.run_in_executor(
                 slots.executor, _pinned_checkpoint, checkpoints, job.id, step
             )

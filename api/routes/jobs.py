@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -14,19 +12,18 @@ from pydantic import BaseModel
 
 from api.bodies import parse_body
 from api.deps import (
+    AdmissionDep,
     BearerDep,
     CurrentUser,
     Keep,
     Outcome,
     RuntimeDep,
-    SettingsDep,
     StoreDep,
     authenticated,
     read_as,
     views_of,
 )
-from api.errors import ApiError, checkpoint_storage
-from api.init_from import resolve_spec_init_from
+from api.errors import ApiError
 from api.json_body import encoded_response, json_body, json_bytes
 from api.openapi import error_responses, request_body
 from api.schemas import (
@@ -38,17 +35,11 @@ from api.schemas import (
     JobsPublic,
     MetricsPublic,
 )
-from service.config import Settings
-from service.layout_planning import NoLayout, choose_layout
-from service.models import Checkpoint, Job, JobEvent
-from service.principal import Principal, Viewer
-from service.quotas import UserQuotas, never_fits_quota, resource_limits
-from service.store import JobNotFound, JobStore
-from workers.contract.data_access import DataAccess
-from workers.contract.demand import job_demand
-from workers.contract.events import Event
+from service.models import Checkpoint, JobEvent
+from service.principal import Principal
+from service.store import JobNotFound
 from workers.contract.lifecycle import JobState
-from workers.contract.sections import INIT_FROM, MAX_STEPS
+from workers.contract.sections import MAX_STEPS
 from workers.contract.spec import JobSpec
 
 router = APIRouter(
@@ -70,77 +61,6 @@ def parse_spec(raw: bytes, content_type: str | None = None) -> JobSpec:
     return spec
 
 
-def check_data_path(spec: JobSpec, settings: Settings) -> None:
-    """A job may only read data inside the configured data roots, and never the service's
-    own state (admin token, database) or storage. The worker checks every file again when
-    it opens it; this answers early. Messages never show the server's absolute roots."""
-    access = DataAccess.of(settings.data_roots, settings.private_dirs)
-    for field, value in (
-        ("data.path", spec.data.path),
-        ("data.tokenizer", spec.data.tokenizer),
-        ("model.init_from", spec.model.init_from),
-    ):
-        if value is None or (field == "data.tokenizer" and value in ("byte", INIT_FROM)):
-            continue
-        reason = _path_refusal(Path(value), access)
-        if reason is not None:
-            raise ApiError(
-                422,
-                "validation_error",
-                f"{field}: {value} {reason}",
-                [{"field": field, "message": reason}],
-            )
-
-
-def _path_refusal(path: Path, access: DataAccess) -> str | None:
-    try:
-        real = path.resolve()
-        holds_private = real.is_dir() and any(p.is_relative_to(real) for p in access.private)
-    except (OSError, RuntimeError) as err:  # a symlink loop, a name too long, ...
-        return f"cannot be resolved ({type(err).__name__}); give an existing file or folder"
-    if holds_private:
-        return "holds the service's own state or storage, which is never data"
-    refused = access.refusal(real)
-    if refused is not None:
-        return refused
-    return _missing(path, real, access)
-
-
-def _missing(path: Path, real: Path, access: DataAccess) -> str | None:
-    """Why an allowed path cannot be read at all (the job would fail minutes later), or
-    None. A relative path is read from the server's working directory, as the worker does."""
-    relative = "" if path.is_absolute() else " (a relative path is read from the server's folder)"
-    if not real.exists():
-        return f"does not exist{relative}; give a file or folder inside the data roots"
-    if not os.access(real, os.R_OK | (os.X_OK if real.is_dir() else 0)):
-        return "is not readable by the server; check its permissions"
-    return None
-
-
-def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Settings) -> None:
-    """`resume_from` must name a job the user may see (404 otherwise, as for any other
-    user's job) that has the committed checkpoint asked for."""
-    source = spec.resume_from
-    if source is None:
-        return
-    job = store.get(source.job_id, user)
-    with checkpoint_storage():
-        found = settings.job_layout(job.id).checkpoints().find(source.step)
-    if found is None:
-        which = f"at step {source.step}" if source.step else "yet"
-        raise ApiError(
-            422,
-            "validation_error",
-            f"resume_from: job {job.id} has no committed checkpoint {which}",
-            [
-                {
-                    "field": "resume_from.step" if source.step else "resume_from.job_id",
-                    "message": f"no committed checkpoint {which}",
-                }
-            ],
-        )
-
-
 @router.post(
     "",
     status_code=201,
@@ -154,53 +74,15 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
 async def submit_job(
     request: Request,
     user: CurrentUser,
-    store: StoreDep,
-    settings: SettingsDep,
+    admission: AdmissionDep,
     runtime: RuntimeDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Any:
     """Queue a training job. Same Idempotency-Key and body: the same job (200)."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
-    if spec.priority > 0 and not user.is_admin:
-        # As with PATCH: raising a job above the others is an administrator's call.
-        message = "above 0 is for administrators; leave it out (0) or give a lower one"
-        raise ApiError(
-            403, "forbidden", f"priority: {message}", [{"field": "priority", "message": message}]
-        )
-
-    def admit() -> tuple[Job, bool]:
-        check_data_path(spec, settings)
-        resolved = resolve_spec_init_from(spec, settings)
-        check_resume_from(resolved, user, store, settings)
-        events: tuple[Event, ...] = ()
-        auto = resolved.parallel.auto
-        # A replay answers with the job already made, whatever is free now.
-        if auto and not store.submitted_with_key(user, idempotency_key):
-            try:
-                rates = request.app.state.rates.for_spec(resolved)
-                resolved, planned = choose_layout(
-                    resolved, runtime, resource_limits(settings), rates
-                )
-            except NoLayout as err:
-                raise ApiError(422, "does_not_fit", str(err)) from None
-            events = (planned,)
-        refusal = runtime.refusal(resolved) or never_fits_quota(
-            job_demand(resolved), resource_limits(settings)
-        )
-        if refusal is not None:
-            raise ApiError(422, "does_not_fit", refusal)
-        quotas: UserQuotas = request.app.state.quotas
-        return quotas.submit(
-            user,
-            idempotency_key,
-            lambda: store.create(
-                user, resolved, idempotency_key, submitted=spec if auto else None, events=events
-            ),
-        )
-
     # The cluster query and the database are blocking calls: run them in a worker thread
     # so one slow submit does not stall every other request on the event loop.
-    job, created = await run_in_threadpool(admit)
+    job, created = await run_in_threadpool(admission.admit, spec, user, idempotency_key)
     if created:
         runtime.queue_changed()
     body = JobPublic.of(job).model_dump(mode="json")

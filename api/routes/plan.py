@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import CurrentUser, RuntimeDep, SettingsDep
+from api.deps import AdmissionDep, CurrentUser, RatesDep, RuntimeDep
 from api.errors import ApiError
-from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
-from api.routes.jobs import check_data_path
 from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
 from service.rates import PlanningRates
 from workers.contract.demand import bundle_resources, describe
@@ -44,11 +42,11 @@ class PlanPublic(BaseModel):
 
 @router.post("/plan", response_model=PlanPublic)
 async def plan_layouts(
-    request: Request,
     body: PlanRequest,
     user: CurrentUser,
     runtime: RuntimeDep,
-    settings: SettingsDep,
+    admission: AdmissionDep,
+    book: RatesDep,
 ) -> Any:
     """Every legal layout of `spec` on `ranks` ranks (default: what is free now), those
     that fit `device_memory` first, each group fastest first by the cost model."""
@@ -56,8 +54,7 @@ async def plan_layouts(
 
     def answer() -> PlanPublic:
         # The shapes come from model.init_from's config.json where it names one, as at submit.
-        check_data_path(body.spec, settings)
-        spec = resolve_spec_init_from(body.spec, settings)
+        spec = admission.checked(body.spec)
         ranks = body.ranks
         if ranks is None:
             ranks = admissible_ranks(spec, runtime)
@@ -68,7 +65,7 @@ async def plan_layouts(
                     "the cluster has no free resources for one rank of this spec now "
                     f"({describe(bundle_resources(spec))}); give `ranks` to plan anyway",
                 )
-        planning: PlanningRates = request.app.state.rates.for_spec(spec)
+        planning: PlanningRates = book.for_spec(spec)
         rates = planning.rates
         planned = plan(
             spec,

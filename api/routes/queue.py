@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 
 from api.bodies import parse_body
-from api.deps import CurrentUser, RuntimeDep, StoreDep
+from api.deps import CurrentUser, DatabaseDep, RuntimeDep, StoreDep
 from api.openapi import error_responses, request_body
 from api.schemas import (
     ClusterPublic,
@@ -30,12 +30,11 @@ router = APIRouter(tags=["cluster"], responses=error_responses(401, 429, 503))
 
 
 @router.get("/v1/cluster", response_model=ClusterPublic)
-def cluster(request: Request, user: CurrentUser, runtime: RuntimeDep) -> ClusterPublic:
+def cluster(user: CurrentUser, runtime: RuntimeDep, db: DatabaseDep) -> ClusterPublic:
     """Ray's resources, each node with what every job's ranks hold there, jobs by state
     and the queue in the order the scheduler considers it. An administrator sees every
     user's jobs; anyone else sees their own by name (others' only as resources held)."""
     info = runtime.cluster()
-    db: Database = request.app.state.db
     query = select(Job.state, func.count()).group_by(Job.state)
     if not user.is_admin:
         query = query.where(Job.owner_id == user.id)

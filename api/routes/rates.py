@@ -7,20 +7,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import CurrentUser
+from api.deps import AdmissionDep, CalibrationDep, CurrentUser, RatesDep, RuntimeDep
 from api.errors import ApiError
-from api.init_from import resolve_spec_init_from
 from api.openapi import error_responses
-from api.routes.jobs import check_data_path
 from service.rates import (
     AlreadyCalibrating,
-    Calibration,
     CalibrationState,
-    RatesBook,
     as_utc,
 )
 from workers.contract.rates import MAX_CALIBRATION_RANKS
@@ -67,10 +63,8 @@ def _calibration(state: CalibrationState) -> CalibrationPublic:
 
 
 @router.get("/rates", response_model=RatesPublic)
-def cluster_rates(request: Request, user: CurrentUser) -> RatesPublic:
+def cluster_rates(user: CurrentUser, book: RatesDep, calibration: CalibrationDep) -> RatesPublic:
     """The calibrated rates stored per device class, and the last calibration's state."""
-    book: RatesBook = request.app.state.rates
-    calibration: Calibration = request.app.state.calibration
     return RatesPublic(
         stored=[
             StoredRates(
@@ -89,7 +83,11 @@ def cluster_rates(request: Request, user: CurrentUser) -> RatesPublic:
     responses=error_responses(403, 409, 422),
 )
 async def calibrate(
-    request: Request, user: CurrentUser, body: CalibrateRequest | None = None
+    user: CurrentUser,
+    runtime: RuntimeDep,
+    admission: AdmissionDep,
+    calibration: CalibrationDep,
+    body: CalibrateRequest | None = None,
 ) -> CalibrationPublic:
     """Measure the cost model's rates on a cluster node (an administrator's call: every
     user's `parallel: auto` jobs then plan with them). Answers at once; GET
@@ -97,7 +95,6 @@ async def calibrate(
     if not user.is_admin:
         raise ApiError(403, "forbidden", "calibrating the cluster is for administrators")
     request_body = body or CalibrateRequest()
-    runtime = request.app.state.runtime
     if not runtime.cluster().connected:
         raise ApiError(503, "no_cluster", "no Ray cluster is attached: nothing to measure")
 
@@ -105,9 +102,7 @@ async def calibrate(
         if request_body.spec is None:
             return JobSpec.model_validate(DEFAULT_SPEC)
         # As at submit: the shape from model.init_from's config.json, data the server may read.
-        settings = request.app.state.settings
-        check_data_path(request_body.spec, settings)
-        spec = resolve_spec_init_from(request_body.spec, settings)
+        spec = admission.checked(request_body.spec)
         # One rank of it must fit on a node to be measured there (not its whole layout).
         refusal = runtime.refusal(spec.model_copy(update={"parallel": ParallelSpec()}))
         if refusal is not None:
@@ -115,7 +110,6 @@ async def calibrate(
         return spec
 
     spec = await run_in_threadpool(checked)
-    calibration: Calibration = request.app.state.calibration
     try:
         state = await run_in_threadpool(calibration.start, spec, request_body.ranks, user.name)
     except AlreadyCalibrating as err:

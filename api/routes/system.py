@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from api.deps import CurrentUser
+from api.deps import CurrentUser, DatabaseDep, TelemetryDep
 from api.errors import ApiError
 from api.openapi import error_responses
-from service.db import Database
 
 router = APIRouter(tags=["system"])
 
@@ -22,9 +21,8 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses=error_responses(503))
-def readyz(request: Request) -> dict[str, str]:
+def readyz(db: DatabaseDep) -> dict[str, str]:
     """Ready to serve: the database answers."""
-    db: Database = request.app.state.db
     try:
         with db.session() as s:
             s.execute(text("SELECT 1"))
@@ -44,12 +42,11 @@ def readyz(request: Request) -> dict[str, str]:
         **error_responses(401, 403, 429, 503),
     },
 )
-def prometheus_metrics(request: Request, user: CurrentUser) -> Response:
+def prometheus_metrics(user: CurrentUser, telemetry: TelemetryDep) -> Response:
     """Prometheus exposition, for administrators: it counts every user's jobs and
     requests (scrape it with an admin's token)."""
     if not user.is_admin:
         raise ApiError(
             403, "forbidden", "/metrics is for administrators (it counts every user's jobs)"
         )
-    registry = request.app.state.telemetry.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)

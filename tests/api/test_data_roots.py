@@ -12,8 +12,7 @@ from unittest.mock import ANY
 import httpx
 import pytest
 
-from api.errors import ApiError
-from api.routes.jobs import check_data_path
+from service.admission import Refused, check_data_paths
 from service.config import Settings
 from service.db import Database
 from service.migrate import upgrade_to_head
@@ -99,17 +98,17 @@ def test_a_path_that_does_not_exist_is_refused_saying_how_it_was_read(
     monkeypatch.chdir(tmp_path)
     settings = Settings(state_dir=tmp_path / ".shardline", data_roots=[tmp_path])
     (tmp_path / "corpus").mkdir()
-    check_data_path(spec({"source": "text", "path": "corpus"}), settings)
+    check_data_paths(spec({"source": "text", "path": "corpus"}), settings)
     for path, words in (
         ("corpus/missing.txt", "does not exist (a relative path is read from the server's"),
         (str(tmp_path / "gone.bin"), "does not exist; give a file or folder inside the data"),
     ):
-        with pytest.raises(ApiError) as err:
-            check_data_path(spec({"source": "tokens", "path": path}), settings)
+        with pytest.raises(Refused) as err:
+            check_data_paths(spec({"source": "tokens", "path": path}), settings)
         assert err.value.status == 422 and words in err.value.message, err.value.message
         assert err.value.details == [{"field": "data.path", "message": ANY}]
-    with pytest.raises(ApiError, match=r"model\.init_from: no-such-folder does not exist"):
-        check_data_path(
+    with pytest.raises(Refused, match=r"model\.init_from: no-such-folder does not exist"):
+        check_data_paths(
             JobSpec.model_validate({"name": "x", "model": {"init_from": "no-such-folder"}}),
             settings,
         )

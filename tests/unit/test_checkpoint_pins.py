@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from api.errors import ApiError
-from api.routes.export import ExportSlots
+from api.export_slots import ExportSlots
 from workers.storage.checkpoints import CheckpointStore
 
 T = TypeVar("T")
