@@ -152,7 +152,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, out: object) -> None:
                 seconds_per_call(partial(dist.all_reduce, tensor), 10, torch.device("cpu"))
             )
         # A training rank's process also holds the engine's modules (FSDP, DCP, pipelining).
-        import workers.engine.trainer  # noqa: F401
+        import workers.engine.warm  # noqa: F401
 
         if rank == 0:  # with its resident set: a rank's runtime, before any model
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -173,7 +173,7 @@ def rank_processes() -> Any:
     once per rank of every run). Nothing there touches a GPU or starts a thread pool, so
     forking it is safe; spawn would import everything again in each rank."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["workers.engine.launch", "workers.engine.trainer"])
+    ctx.set_forkserver_preload(["workers.engine.launch", "workers.engine.warm"])
     return ctx
 
 

@@ -145,4 +145,4 @@ def _import_engine() -> None:
     """What a rank's start spends its time on, done ahead."""
     import torch  # noqa: F401
 
-    import workers.engine.trainer  # noqa: F401
+    import workers.engine.warm  # noqa: F401

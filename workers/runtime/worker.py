@@ -85,7 +85,7 @@ class TrainingWorker:
         # Ranks share a node's cores: without this each would start one thread per core.
         torch.set_num_threads(max(1, int(cpus)))
         if spare:  # what a rank imports to join and train, ahead, while it has time
-            import workers.engine.trainer  # noqa: F401
+            import workers.engine.warm  # noqa: F401
 
     def foreground(self) -> bool:
         """A warm spare taken by a restart: back to normal priority. Whether it answers."""
