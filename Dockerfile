@@ -13,6 +13,7 @@ COPY api ./api
 COPY service ./service
 COPY workers ./workers
 COPY migrations ./migrations
+COPY src ./src
 # A regular (non-editable) install: the status page, the docs assets and the migrations
 # are in the package, so nothing below depends on this folder. torch comes from PyPI as
 # its CUDA build, which the GPU workers need; constraints.txt pins its version.

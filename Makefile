@@ -16,13 +16,13 @@ setup: $(STAMP)
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy api service workers bench tests
+	$(BIN)/mypy src/shardline bench tests
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra --durations=15 tests
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy api service workers bench tests
+	$(BIN)/mypy src/shardline bench tests
 
 demo: setup
 	OMP_NUM_THREADS=1 $(BIN)/shardline demo examples/demo.yaml

@@ -9,28 +9,28 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.auth_guard import FailedAuthGuard
-from api.errors import install_error_handlers
-from api.export_slots import ExportSlots
-from api.limits import BodySizeLimit
-from api.openapi import install_openapi
-from api.options import install_options
-from api.rate_limit import TokenBuckets
-from api.routes import export, faults, jobs, logs, plan, profiles, queue, rates, system
-from api.routes.docs import install_docs
-from api.routes.pages import install_status_page
-from api.telemetry import ApiTelemetry, TelemetryMiddleware
-from service.admission import Admission
-from service.config import Settings
-from service.db import Database
-from service.job_views import JobViews
-from service.quotas import UserQuotas
-from service.rates import Calibration, RatesBook
-from service.read_cache import ReadCache
-from service.runtime import NoRuntime, Runtime
-from service.store import JobStore
-from service.users import UserDirectory
-from service.write_notices import WriteListener
+from shardline.api.auth_guard import FailedAuthGuard
+from shardline.api.errors import install_error_handlers
+from shardline.api.export_slots import ExportSlots
+from shardline.api.limits import BodySizeLimit
+from shardline.api.openapi import install_openapi
+from shardline.api.options import install_options
+from shardline.api.rate_limit import TokenBuckets
+from shardline.api.routes import export, faults, jobs, logs, plan, profiles, queue, rates, system
+from shardline.api.routes.docs import install_docs
+from shardline.api.routes.pages import install_status_page
+from shardline.api.telemetry import ApiTelemetry, TelemetryMiddleware
+from shardline.service.admission import Admission
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.job_views import JobViews
+from shardline.service.quotas import UserQuotas
+from shardline.service.rates import Calibration, RatesBook
+from shardline.service.read_cache import ReadCache
+from shardline.service.runtime import NoRuntime, Runtime
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.service.write_notices import WriteListener
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.rate_limit import TokenBuckets, retry_after_header
+from shardline.api.rate_limit import TokenBuckets, retry_after_header
 
 # Every route under these needs a token; /healthz, /readyz, the page and its assets do not.
 GUARDED_PREFIXES = ("/v1/", "/metrics")

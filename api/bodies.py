@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from api.errors import ApiError, validation_failed
+from shardline.api.errors import ApiError, validation_failed
 
 M = TypeVar("M", bound=BaseModel)
 

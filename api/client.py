@@ -1,6 +1,6 @@
 """The Python SDK: a thin, typed client of the REST API on httpx.
 
-from api.client import Client
+from shardline.api.client import Client
 client = Client.from_env()  # or Client("http://127.0.0.1:8000", token)
 job = client.submit("examples/tiny.yaml")
 client.wait(job["id"], timeout=600)
@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 
 import httpx
 
-from api.credentials import NoCredentials, find_credentials
-from workers.contract.lifecycle import TERMINAL
-from workers.contract.spec import JobSpec, load_spec
+from shardline.api.credentials import NoCredentials, find_credentials
+from shardline.workers.contract.lifecycle import TERMINAL
+from shardline.workers.contract.spec import JobSpec, load_spec
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 

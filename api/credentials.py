@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.config import Settings
+from shardline.service.config import Settings
 
 URL_ENV = "SHARDLINE_URL"
 TOKEN_ENV = "SHARDLINE_TOKEN"

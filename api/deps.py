@@ -10,21 +10,21 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth_guard import refusal_message
-from api.errors import ApiError
-from api.export_slots import ExportSlots
-from api.rate_limit import TokenBuckets, retry_after_header
-from api.telemetry import ApiTelemetry
-from service.admission import Admission
-from service.config import Settings
-from service.db import Database
-from service.job_views import JobViews
-from service.principal import Principal
-from service.rates import Calibration, RatesBook
-from service.read_cache import ReadCache, commits
-from service.runtime import Runtime
-from service.store import JobStore
-from service.users import UserDirectory, hash_token
+from shardline.api.auth_guard import refusal_message
+from shardline.api.errors import ApiError
+from shardline.api.export_slots import ExportSlots
+from shardline.api.rate_limit import TokenBuckets, retry_after_header
+from shardline.api.telemetry import ApiTelemetry
+from shardline.service.admission import Admission
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.job_views import JobViews
+from shardline.service.principal import Principal
+from shardline.service.rates import Calibration, RatesBook
+from shardline.service.read_cache import ReadCache, commits
+from shardline.service.runtime import Runtime
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory, hash_token
 
 T = TypeVar("T")
 

@@ -14,20 +14,20 @@ from sqlalchemy import exc as db_errors
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.rate_limit import retry_after_header
-from service.admission import Refused, SpecInvalid, StorageUnavailable
-from service.profiles import ProfileNotFound
-from service.queue import PriorityRefused
-from service.quotas import QuotaExceeded
-from service.store import (
+from shardline.api.rate_limit import retry_after_header
+from shardline.service.admission import Refused, SpecInvalid, StorageUnavailable
+from shardline.service.profiles import ProfileNotFound
+from shardline.service.queue import PriorityRefused
+from shardline.service.quotas import QuotaExceeded
+from shardline.service.store import (
     ConcurrentUpdate,
     IdempotencyConflict,
     IllegalTransition,
     JobNotFound,
     StoreError,
 )
-from workers.contract.spec import JobSpec
-from workers.contract.spec_errors import explain
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.spec_errors import explain
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from api.errors import ApiError
-from api.rate_limit import retry_after_header
+from shardline.api.errors import ApiError
+from shardline.api.rate_limit import retry_after_header
 
 # Exports convert one model each in a child process: a few at once use the host well.
 EXPORTS_AT_ONCE = 2

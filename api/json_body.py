@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 from fastapi import Response
 
-from api.schemas import json_safe, utc
-from api.stored_json import StoredJson
+from shardline.api.schemas import json_safe, utc
+from shardline.api.stored_json import StoredJson
 
 
 def json_body(value: Any, status_code: int = 200) -> Response:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from api.client import Client
-from service.local_ray import find_local_ray
-from workers.contract.net import free_port
+from shardline.api.client import Client
+from shardline.service.local_ray import find_local_ray
+from shardline.workers.contract.net import free_port
 
 
 @dataclass(frozen=True)

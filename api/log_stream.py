@@ -16,10 +16,10 @@ from pathlib import Path
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
-from api.client import TERMINAL_STATES
-from service.job_logs import LogFollower
-from service.principal import Viewer
-from service.store import JobStore
+from shardline.api.client import TERMINAL_STATES
+from shardline.service.job_logs import LogFollower
+from shardline.service.principal import Viewer
+from shardline.service.store import JobStore
 
 POLL_S = 0.5
 # A follow that has had nothing to send for this long says so in a line of its own:

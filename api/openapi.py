@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from api.schemas import ErrorBody, FaultCreate, JobPatch, ProfileCreate
-from workers.contract.spec import JobSpec
+from shardline.api.schemas import ErrorBody, FaultCreate, JobPatch, ProfileCreate
+from shardline.workers.contract.spec import JobSpec
 
 _WHY = {
     400: "The body is not UTF-8 JSON, or is nested too deeply",

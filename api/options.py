@@ -16,7 +16,7 @@ from fastapi import FastAPI, Response
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import error_response
+from shardline.api.errors import error_response
 
 # The methods a route of this API may take; each is tried against the path.
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -9,12 +9,12 @@ from typing import Annotated, Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from api.stored_json import StoredJson
-from service.job_views import JobView
-from service.models import Checkpoint, Job, JobEvent
-from service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
-from workers.contract.faults import FaultKind
-from workers.contract.scalars import refuse_coercion
+from shardline.api.stored_json import StoredJson
+from shardline.service.job_views import JobView
+from shardline.service.models import Checkpoint, Job, JobEvent
+from shardline.service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
+from shardline.workers.contract.faults import FaultKind
+from shardline.workers.contract.scalars import refuse_coercion
 
 
 def utc(value: datetime | None) -> datetime | None:

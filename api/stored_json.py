@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from service.db import load_stored_json
+from shardline.service.db import load_stored_json
 
 # Tokens a stored text may hold that a response must not pass on as they are: non-finite
 # floats (not JSON) and escaped surrogates (a lone one is written "?" by the model). A

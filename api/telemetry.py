@@ -11,10 +11,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.db import Database
-from service.models import Job, JobEvent
-from workers.contract.events import EventKind
-from workers.contract.lifecycle import JobState
+from shardline.service.db import Database
+from shardline.service.models import Job, JobEvent
+from shardline.workers.contract.events import EventKind
+from shardline.workers.contract.lifecycle import JobState
 
 # Label values come from this fixed set, so no request can add a series: a made-up method
 # is "other" and a path that matches no route is "unmatched".

@@ -34,13 +34,13 @@ from typing import Any
 
 import httpx
 
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.store import JobStore
-from service.users import UserDirectory
-from workers.contract.net import free_port
-from workers.contract.progress import MetricsEntry
-from workers.contract.spec import JobSpec
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.progress import MetricsEntry
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ SEEDED_JOBS = 200
 SEEDED_STEPS = 50
 SERVER = (
     "import uvicorn\n"
-    "from api.app import create_app\n"
-    "from service.config import Settings\n"
+    "from shardline.api.app import create_app\n"
+    "from shardline.service.config import Settings\n"
     "settings = Settings()\n"
     "import os\n"
     "uvicorn.run(create_app(settings), host='127.0.0.1', port=settings.port,"

@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from workers.contract.net import free_port
-from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.state import ModelAndOptimizer, OptimizerState
-from workers.engine.checkpoint.storage_tier import StorageTier
-from workers.engine.distributed import init_world, leave_world, pick_device
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore, RestoreSource
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.checkpoint.state import ModelAndOptimizer, OptimizerState
+from shardline.workers.engine.checkpoint.storage_tier import StorageTier
+from shardline.workers.engine.distributed import init_world, leave_world, pick_device
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore, RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations
 
 CHUNK = 8 << 20
 

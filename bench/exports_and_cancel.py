@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 import psutil
 
-from api.client import TERMINAL_STATES, Client
-from api.local_service import LocalService, local_service
+from shardline.api.client import TERMINAL_STATES, Client
+from shardline.api.local_service import LocalService, local_service
 
 log = logging.getLogger(__name__)
 

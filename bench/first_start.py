@@ -32,8 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from api.client import TERMINAL_STATES, Client
-from api.local_service import local_service
+from shardline.api.client import TERMINAL_STATES, Client
+from shardline.api.local_service import local_service
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ eager=$out/spec-eager.yaml
 sed 's/^\( *\)compile: true.*/\1compile: false/' "$spec" >"$eager"
 # `shardline train` as a user runs it, eager: its summary, and every step's metrics with
 # the step-time breakdown (CUDA events).
-run train_eager 100 python3 -m api.cli train "$eager" --nproc 1 --metrics-out "$out/train_eager.jsonl"
+run train_eager 100 python3 -m shardline.api.cli train "$eager" --nproc 1 --metrics-out "$out/train_eager.jsonl"
 # The engine's step against a plain PyTorch loop over the same model, eager.
 run vs_plain_eager 110 python3 -m bench.vs_plain "$spec" --no-compile --steps 10 --rounds 3
 # Tokens/s and MFU with each block compiled (the spec's setting).

@@ -32,9 +32,9 @@ import httpx
 import psutil
 
 from bench.api_load import start_server
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 
 FOLLOWERS = 8
 LOG_BYTES = 100 << 20

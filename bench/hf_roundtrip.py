@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from workers.engine.generate import generate
-from workers.engine.hf_export import write_safetensors
-from workers.engine.hf_weights import load_init_from, to_hf_state
-from workers.engine.models.family import load_family
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer
+from shardline.workers.engine.generate import generate
+from shardline.workers.engine.hf_export import write_safetensors
+from shardline.workers.engine.hf_weights import load_init_from, to_hf_state
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer
 
 LLAMA = load_family("llama")
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workers.contract.spec import JobSpec, describe_errors, load_spec
-from workers.engine.launch import TrainingFailed, train_local
+from shardline.workers.contract.spec import JobSpec, describe_errors, load_spec
+from shardline.workers.engine.launch import TrainingFailed, train_local
 
 KEYS = {
     "pp": "pp",

@@ -13,8 +13,8 @@ import statistics
 import time
 from typing import Any
 
-import workers.engine.launch as launch
-from workers.contract.spec import JobSpec
+import shardline.workers.engine.launch as launch
+from shardline.workers.contract.spec import JobSpec
 
 
 def spec(parallel: dict[str, Any]) -> JobSpec:

@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
 
 TRAIN = {"eval_every": 5}
 # name -> (spec overrides by section, ranks)

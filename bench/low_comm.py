@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.contract.spec import JobSpec
-from workers.engine.launch import SlowRank, train_local
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import SlowRank, train_local
 
 ROOT = Path(__file__).resolve().parents[1]
 

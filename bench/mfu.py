@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from workers.contract.spec import JobSpec, load_spec
-from workers.engine.launch import train_local
+from shardline.workers.contract.spec import JobSpec, load_spec
+from shardline.workers.engine.launch import train_local
 
 
 def device_name() -> str:

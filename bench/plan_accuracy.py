@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.layouts import layout_spec, run_layout
-from workers.contract.cost_model import predict
-from workers.contract.spec import JobSpec, load_spec
-from workers.engine.calibrate import calibrate
+from shardline.workers.contract.cost_model import predict
+from shardline.workers.contract.spec import JobSpec, load_spec
+from shardline.workers.engine.calibrate import calibrate
 
 # On 4 ranks: data, tensor and pipeline parallel, ZeRO stages, schedules, SP.
 LAYOUTS = [

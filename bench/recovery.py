@@ -42,17 +42,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from api.client import Client, Conflict
-from api.local_service import local_service
-from service.local_nodes import (
+from shardline.api.client import Client, Conflict
+from shardline.api.local_service import local_service
+from shardline.service.local_nodes import (
     FAST_NODE_DEATH,
     LocalNode,
     drain_for_preemption,
     start_local_node,
 )
-from service.local_ray import LocalRay, start_local_ray
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
+from shardline.service.local_ray import LocalRay, start_local_ray
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def wait(client: Client, job_id: str, done: Any) -> dict[str, Any]:
 def kill_supervisor(state_dir: Path, job_id: str) -> None:
     """SIGKILL the job's supervisor process (no API for this: it is what the reconciler
     recovers from, not a rank's fault)."""
-    from service.local_ray import find_local_ray
+    from shardline.service.local_ray import find_local_ray
 
     head = find_local_ray(state_dir)
     if head is None:
@@ -112,7 +112,7 @@ def kill_supervisor(state_dir: Path, job_id: str) -> None:
     head.use_auth()
     import ray
 
-    from workers.runtime.names import NAMESPACE, supervisor_name
+    from shardline.workers.runtime.names import NAMESPACE, supervisor_name
 
     if not ray.is_initialized():
         ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)

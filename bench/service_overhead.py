@@ -18,10 +18,10 @@ from pathlib import Path
 from statistics import mean, median
 from typing import Any
 
-from api.local_service import local_service
 from bench.first_start import run_to_end
-from workers.contract.spec import load_spec
-from workers.engine.launch import train_local
+from shardline.api.local_service import local_service
+from shardline.workers.contract.spec import load_spec
+from shardline.workers.engine.launch import train_local
 
 log = logging.getLogger(__name__)
 

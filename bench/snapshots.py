@@ -24,9 +24,9 @@ from pathlib import Path
 from statistics import mean, median
 from typing import Any
 
-from workers.contract.spec import JobSpec
-from workers.engine.launch import LocalCheckpoints, train_local
-from workers.storage.snapshots import default_snapshot_root
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.storage.snapshots import default_snapshot_root
 
 
 def spec(steps: int, nproc: int, every: int | str) -> JobSpec:

@@ -32,17 +32,17 @@ import torch
 import torch.nn.functional as F
 
 from bench.mfu import device_name
-from workers.contract.net import free_port
-from workers.contract.sections import MAX_STEPS
-from workers.contract.spec import JobSpec, load_spec
-from workers.engine.calibrate import seconds_per_call
-from workers.engine.compiling import apply_compile
-from workers.engine.data.loader import build_loader
-from workers.engine.distributed import init_world, leave_world, pick_device
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer
-from workers.engine.precision import AUTOCAST_DTYPES
-from workers.engine.trainer import Trainer
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.sections import MAX_STEPS
+from shardline.workers.contract.spec import JobSpec, load_spec
+from shardline.workers.engine.calibrate import seconds_per_call
+from shardline.workers.engine.compiling import apply_compile
+from shardline.workers.engine.data.loader import build_loader
+from shardline.workers.engine.distributed import init_world, leave_world, pick_device
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer
+from shardline.workers.engine.precision import AUTOCAST_DTYPES
+from shardline.workers.engine.trainer import Trainer
 
 
 def bench_spec(spec: JobSpec, compile_blocks: bool | None, log_every: int) -> JobSpec:

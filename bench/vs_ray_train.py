@@ -36,7 +36,7 @@ from typing import Any, cast
 import yaml
 
 from bench.service_overhead import through_service
-from workers.contract.spec import JobSpec, load_spec
+from shardline.workers.contract.spec import JobSpec, load_spec
 
 log = logging.getLogger(__name__)
 

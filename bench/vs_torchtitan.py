@@ -25,11 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workers.contract.net import free_port
-from workers.contract.presets import PRESETS
-from workers.contract.spec import JobSpec, load_spec
-from workers.engine.distributed import init_world, leave_world
-from workers.engine.trainer import Trainer
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.presets import PRESETS
+from shardline.workers.contract.spec import JobSpec, load_spec
+from shardline.workers.engine.distributed import init_world, leave_world
+from shardline.workers.engine.trainer import Trainer
 
 WARMUP_STEPS = 3
 

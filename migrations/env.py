@@ -6,9 +6,9 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from service.config import Settings
-from service.db import make_engine
-from service.models import Base
+from shardline.service.config import Settings
+from shardline.service.db import make_engine
+from shardline.service.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

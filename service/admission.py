@@ -19,20 +19,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.config import Settings
-from service.layout_planning import NoLayout, choose_layout
-from service.models import Job
-from service.principal import Viewer
-from service.quotas import UserQuotas, never_fits_quota, resource_limits
-from service.rates import RatesBook
-from service.runtime import Runtime
-from service.store import JobStore
-from workers.contract.data_access import DataAccess, DataAccessDenied
-from workers.contract.demand import job_demand
-from workers.contract.events import Event
-from workers.contract.hf_config import InitFromError, resolve_init_from
-from workers.contract.sections import INIT_FROM
-from workers.contract.spec import JobSpec
+from shardline.service.config import Settings
+from shardline.service.layout_planning import NoLayout, choose_layout
+from shardline.service.models import Job
+from shardline.service.principal import Viewer
+from shardline.service.quotas import UserQuotas, never_fits_quota, resource_limits
+from shardline.service.rates import RatesBook
+from shardline.service.runtime import Runtime
+from shardline.service.store import JobStore
+from shardline.workers.contract.data_access import DataAccess, DataAccessDenied
+from shardline.workers.contract.demand import job_demand
+from shardline.workers.contract.events import Event
+from shardline.workers.contract.hf_config import InitFromError, resolve_init_from
+from shardline.workers.contract.sections import INIT_FROM
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

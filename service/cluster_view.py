@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.contract.demand import RESOURCE_NAMES
-from workers.runtime.names import PLACEMENT_GROUP_PREFIX
+from shardline.workers.contract.demand import RESOURCE_NAMES
+from shardline.workers.runtime.names import PLACEMENT_GROUP_PREFIX
 
 
 @dataclass(frozen=True)

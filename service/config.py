@@ -10,8 +10,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from workers.storage.layout import JobLayout
-from workers.storage.urls import storage_url_problem
+from shardline.workers.storage.layout import JobLayout
+from shardline.workers.storage.urls import storage_url_problem
 
 DEFAULT_STATE_DIR = Path(".shardline")
 

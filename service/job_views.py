@@ -31,11 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import aliased
 
-from service.db import Database, load_stored_json
-from service.models import ApiToken, Job, JobMetric, User
-from service.principal import Principal, Viewer
-from service.store import JobNotFound
-from workers.contract.lifecycle import JobState
+from shardline.service.db import Database, load_stored_json
+from shardline.service.models import ApiToken, Job, JobMetric, User
+from shardline.service.principal import Principal, Viewer
+from shardline.service.store import JobNotFound
+from shardline.workers.contract.lifecycle import JobState
 
 
 @dataclass(frozen=True, slots=True)

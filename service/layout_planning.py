@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import math
 
-from service.quotas import never_fits_quota
-from service.rates import PlanningRates
-from service.runtime import ClusterInfo, Runtime
-from workers.contract.demand import bundle_resources, describe, job_demand
-from workers.contract.events import Event, EventKind
-from workers.contract.planner import PlannedLayout, default_rates, plan
-from workers.contract.rates import Rates
-from workers.contract.sections import ParallelSpec
-from workers.contract.spec import JobSpec
+from shardline.service.quotas import never_fits_quota
+from shardline.service.rates import PlanningRates
+from shardline.service.runtime import ClusterInfo, Runtime
+from shardline.workers.contract.demand import bundle_resources, describe, job_demand
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.planner import PlannedLayout, default_rates, plan
+from shardline.workers.contract.rates import Rates
+from shardline.workers.contract.sections import ParallelSpec
+from shardline.workers.contract.spec import JobSpec
 
 MAX_PLAN_RANKS = 4096
 

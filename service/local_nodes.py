@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, stop_session
-from workers.storage.snapshots import ROOT_ENV
+from shardline.service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, stop_session
+from shardline.workers.storage.snapshots import ROOT_ENV
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from workers.contract.net import free_port
-from workers.runtime.names import CORES_LABEL
+from shardline.workers.contract.net import free_port
+from shardline.workers.runtime.names import CORES_LABEL
 
 log = logging.getLogger(__name__)
 

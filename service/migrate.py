@@ -1,6 +1,6 @@
 """Running Alembic from code: `shardline serve` migrates before it serves.
 
-The migrations ship in the wheel as the top-level package `migrations`, and this module is the
+The migrations ship in the wheel as the package `shardline.migrations`, and this module is the
 whole Alembic configuration, so an installed wheel migrates from any working directory;
 the top-level alembic.ini is only for running `alembic` by hand in a checkout.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
+from shardline import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 

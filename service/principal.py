@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.models import User
+from shardline.service.models import User
 
 
 @dataclass(frozen=True, slots=True)

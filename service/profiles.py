@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.store import StoreError
-from workers.runtime.profiling import trace_file, write_atomically
+from shardline.service.store import StoreError
+from shardline.workers.runtime.profiling import trace_file, write_atomically
 
 MAX_STEPS = 20  # a profile's steps, at most (ProfileCreate's bound)
 # A backstop for a rank that never writes (its job's own hang detection restarts a stuck

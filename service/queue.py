@@ -9,13 +9,13 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
-from service.db import Database
-from service.models import Job, JobEvent, User, utcnow
-from service.principal import Viewer
-from service.scheduler import admission_key
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
-from workers.contract.events import EventKind
-from workers.contract.lifecycle import ACTIVE, JobState
+from shardline.service.db import Database
+from shardline.service.models import Job, JobEvent, User, utcnow
+from shardline.service.principal import Viewer
+from shardline.service.scheduler import admission_key
+from shardline.service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
+from shardline.workers.contract.events import EventKind
+from shardline.workers.contract.lifecycle import ACTIVE, JobState
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from typing import TypeVar
 
 from sqlalchemy import func, select
 
-from service.config import Settings
-from service.db import Database
-from service.models import Job
-from service.principal import Viewer
-from workers.contract.lifecycle import JobState
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.models import Job
+from shardline.service.principal import Viewer
+from shardline.workers.contract.lifecycle import JobState
 
 T = TypeVar("T")
 

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from service.db import Database
-from service.models import ClusterRates
-from workers.contract.planner import default_rates, rates_kind
-from workers.contract.rates import Rates
-from workers.contract.spec import JobSpec
+from shardline.service.db import Database
+from shardline.service.models import ClusterRates
+from shardline.workers.contract.planner import default_rates, rates_kind
+from shardline.workers.contract.rates import Rates
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,18 @@ from typing import Any
 import ray
 from ray.util import placement_group_table
 
-from service.cluster_view import nodes_view
-from service.config import Settings
-from service.models import Job
-from service.quotas import resource_limits
-from service.rates import RatesBook
-from service.reconciler import Reconciler
-from service.runtime import ClusterInfo, FaultNotDelivered
-from service.scheduler import Scheduler, host_memory_refusal
-from service.store import JobStore
-from service.warm_pool import start_warm_pool
-from workers.contract.data_access import DataAccess
-from workers.contract.demand import (
+from shardline.service.cluster_view import nodes_view
+from shardline.service.config import Settings
+from shardline.service.models import Job
+from shardline.service.quotas import resource_limits
+from shardline.service.rates import RatesBook
+from shardline.service.reconciler import Reconciler
+from shardline.service.runtime import ClusterInfo, FaultNotDelivered
+from shardline.service.scheduler import Scheduler, host_memory_refusal
+from shardline.service.store import JobStore
+from shardline.service.warm_pool import start_warm_pool
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.demand import (
     RESOURCE_NAMES,
     bundle_resources,
     cluster_refusal,
@@ -31,14 +31,14 @@ from workers.contract.demand import (
     counted,
     describe,
 )
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import ProgressRead
-from workers.contract.rates import Rates
-from workers.contract.spec import JobSpec
-from workers.runtime import cluster_rates
-from workers.runtime.actors import SupervisorActor
-from workers.runtime.calibration import calibrate_here
-from workers.runtime.names import CORES_LABEL, HEAD_RESOURCE, NAMESPACE, supervisor_name
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import ProgressRead
+from shardline.workers.contract.rates import Rates
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime import cluster_rates
+from shardline.workers.runtime.actors import SupervisorActor
+from shardline.workers.runtime.calibration import calibrate_here
+from shardline.workers.runtime.names import CORES_LABEL, HEAD_RESOURCE, NAMESPACE, supervisor_name
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from service.loop import PeriodicLoop
-from service.models import Job
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore
-from workers.contract.lifecycle import SUPERVISED, TERMINAL, JobState
-from workers.contract.progress import ProgressEntry, ProgressRead, StateEntry
-from workers.contract.spec import JobSpec
-from workers.runtime.supervisor.decisions import FailurePolicy
+from shardline.service.loop import PeriodicLoop
+from shardline.service.models import Job
+from shardline.service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from shardline.workers.contract.lifecycle import SUPERVISED, TERMINAL, JobState
+from shardline.workers.contract.progress import ProgressEntry, ProgressRead, StateEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.supervisor.decisions import FailurePolicy
 
 log = logging.getLogger(__name__)
 

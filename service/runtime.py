@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from service.cluster_view import NodeInfo
-from service.scheduler import host_memory_refusal
-from workers.contract.rates import Rates
-from workers.contract.spec import JobSpec
+from shardline.service.cluster_view import NodeInfo
+from shardline.service.scheduler import host_memory_refusal
+from shardline.workers.contract.rates import Rates
+from shardline.workers.contract.spec import JobSpec
 
 
 @dataclass(frozen=True)

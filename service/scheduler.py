@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from service.loop import PeriodicLoop
-from service.models import Job
-from service.quotas import QUOTA_SETTINGS
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
-from workers.contract.demand import (
+from shardline.service.loop import PeriodicLoop
+from shardline.service.models import Job
+from shardline.service.quotas import QUOTA_SETTINGS
+from shardline.service.store import ConcurrentUpdate, IllegalTransition, JobStore, StoreError
+from shardline.workers.contract.demand import (
     RESOURCE_NAMES,
     TRAINING_BYTES_PER_PARAM,
     admission_demand,
@@ -28,8 +28,8 @@ from workers.contract.demand import (
     short_of,
     stored_demand,
 )
-from workers.contract.lifecycle import SUPERVISED, JobState
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.lifecycle import SUPERVISED, JobState
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from sqlalchemy import ColumnElement, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
-from service.db import Database
-from service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
-from service.principal import Viewer
-from workers.contract.events import Event, EventKind
-from workers.contract.lifecycle import ACTIVE, JobState, is_legal
-from workers.contract.progress import (
+from shardline.service.db import Database
+from shardline.service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
+from shardline.service.principal import Viewer
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.lifecycle import ACTIVE, JobState, is_legal
+from shardline.workers.contract.progress import (
     CheckpointCommit,
     CheckpointEntry,
     EventEntry,
@@ -30,7 +30,7 @@ from workers.contract.progress import (
     ProgressEntry,
     SummaryEntry,
 )
-from workers.contract.spec import JobSpec, spec_hash
+from shardline.workers.contract.spec import JobSpec, spec_hash
 
 log = logging.getLogger(__name__)
 

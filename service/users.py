@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, func, select
 
-from service.db import Database
-from service.models import ApiToken, User, utcnow
-from service.principal import Principal
+from shardline.service.db import Database
+from shardline.service.models import ApiToken, User, utcnow
+from shardline.service.principal import Principal
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import ray
 
-from service.config import Settings
-from workers.runtime.actors import WarmPoolActor
-from workers.runtime.names import HEAD_RESOURCE, NAMESPACE, WARM_POOL_NAME
+from shardline.service.config import Settings
+from shardline.workers.runtime.actors import WarmPoolActor
+from shardline.workers.runtime.names import HEAD_RESOURCE, NAMESPACE, WARM_POOL_NAME
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from service.read_cache import ReadCache, moved_on
+from shardline.service.read_cache import ReadCache, moved_on
 
 log = logging.getLogger(__name__)
 

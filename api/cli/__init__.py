@@ -3,6 +3,6 @@
 Its local commands (train, generate, export) may import the engine; the rest speak HTTP.
 """
 
-from api.cli.app import app, main
+from shardline.api.cli.app import app, main
 
 __all__ = ["app", "main"]

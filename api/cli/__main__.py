@@ -1,5 +1,5 @@
-"""`python -m api.cli`: the same command line as `shardline`."""
+"""`python -m shardline.api.cli`: the same command line as `shardline`."""
 
-from api.cli.app import main
+from shardline.api.cli.app import main
 
 main()

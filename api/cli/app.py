@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from api.cli import (
+from shardline.api.cli import (
     calibrating,
     demo,
     hf,
@@ -22,7 +22,7 @@ from api.cli import (
     train,
     watching,
 )
-from api.cli.tokens import tokens_app
+from shardline.api.cli.tokens import tokens_app
 
 app = typer.Typer(
     no_args_is_help=True,

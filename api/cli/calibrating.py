@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import TokenOption, UrlOption, api_errors, client, console, fail
+from shardline.api.cli.common import TokenOption, UrlOption, api_errors, client, console, fail
 
 POLL_S = 1.0
 TIMEOUT_S = 900.0

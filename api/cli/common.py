@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from api.client import Client, ShardlineError
-from api.credentials import NoCredentials, find_credentials
-from service.config import Settings
-from workers.contract.spec import JobSpec, describe_errors, load_spec
-from workers.contract.spec_errors import SpecFileError
+from shardline.api.client import Client, ShardlineError
+from shardline.api.credentials import NoCredentials, find_credentials
+from shardline.service.config import Settings
+from shardline.workers.contract.spec import JobSpec, describe_errors, load_spec
+from shardline.workers.contract.spec_errors import SpecFileError
 
 console = Console(highlight=False)
 # soft_wrap: an error is one line however narrow the terminal, so it can be grepped.

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import api_errors, console, fail, read_spec
-from api.cli.watching import follow_job
-from api.credentials import default_url
+from shardline.api.cli.common import api_errors, console, fail, read_spec
+from shardline.api.cli.watching import follow_job
+from shardline.api.credentials import default_url
 
 
 def demo(
@@ -22,7 +22,7 @@ def demo(
     """Start the service here, train SPEC to the end, then stop it.
 
     SQLite and a local Ray head in STATE_DIR; the job goes through the SDK like any other."""
-    from api.local_service import local_service
+    from shardline.api.local_service import local_service
 
     spec = read_spec(spec_path)
     console.print(f"Starting Shardline (state in {state_dir}/) ...")

@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from api.cli.common import TokenOption, UrlOption, api_errors, client, console, fail
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import InitFromError, resolve_init_from
-from workers.contract.spec import JobSpec, describe_errors
+from shardline.api.cli.common import TokenOption, UrlOption, api_errors, client, console, fail
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import InitFromError, resolve_init_from
+from shardline.workers.contract.spec import JobSpec, describe_errors
 
 
 def resolve_local_init_from(spec: JobSpec) -> JobSpec:
@@ -66,7 +66,7 @@ def export(
         raise fail(["give CHECKPOINT and OUT_DIR, or --job ID and OUT_DIR"])
     if step is not None:
         raise fail(["--step goes with --job; a CHECKPOINT folder is one step already"])
-    from workers.engine.hf_export import ExportError, export_checkpoint
+    from shardline.workers.engine.hf_export import ExportError, export_checkpoint
 
     try:
         summary = export_checkpoint(
@@ -157,9 +157,9 @@ def generate(
         raise fail([f"--greedy does not sample: drop {' and '.join(given)}"])
     import torch
 
-    from workers.engine.generate import Sampling
-    from workers.engine.generate import generate as run_generate
-    from workers.engine.local_model import load_local_model
+    from shardline.workers.engine.generate import Sampling
+    from shardline.workers.engine.generate import generate as run_generate
+    from shardline.workers.engine.local_model import load_local_model
 
     where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:

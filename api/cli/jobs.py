@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from api.cli.common import (
+from shardline.api.cli.common import (
     TokenOption,
     UrlOption,
     api_errors,
@@ -18,7 +18,7 @@ from api.cli.common import (
     fail,
     read_spec,
 )
-from api.cli.watching import end_with, follow_job
+from shardline.api.cli.watching import end_with, follow_job
 
 
 def submit(

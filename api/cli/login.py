@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import api_errors, console, fail, load_settings
-from api.client import Client
-from api.credentials import (
+from shardline.api.cli.common import api_errors, console, fail, load_settings
+from shardline.api.client import Client
+from shardline.api.credentials import (
     TOKEN_ENV,
     URL_ENV,
     config_file,
@@ -18,7 +18,7 @@ from api.credentials import (
     forget_credentials,
     save_credentials,
 )
-from service.config import Settings
+from shardline.service.config import Settings
 
 
 def login(

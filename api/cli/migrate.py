@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.cli.common import console
+from shardline.api.cli.common import console
 
 
 def migrate() -> None:
@@ -11,8 +11,8 @@ def migrate() -> None:
     `shardline serve` does the same before it serves; this is for deployments that
     migrate as a separate step.
     """
-    from service.config import Settings
-    from service.migrate import upgrade_to_head
+    from shardline.service.config import Settings
+    from shardline.service.migrate import upgrade_to_head
 
     settings = Settings()
     upgrade_to_head(settings.resolved_database_url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from api.cli.common import TokenOption, UrlOption, api_errors, client, console
+from shardline.api.cli.common import TokenOption, UrlOption, api_errors, client, console
 
 
 def pause(job_id: str, url: UrlOption = None, token: TokenOption = None) -> None:

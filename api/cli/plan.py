@@ -10,11 +10,11 @@ import typer
 from rich import box
 from rich.table import Table
 
-from api.cli.common import console, err_console, fail, read_spec
-from service.config import DEFAULT_STATE_DIR
-from workers.contract.planner import PlannedLayout
-from workers.contract.rates import DEFAULT_RATES, Rates
-from workers.contract.spec import JobSpec
+from shardline.api.cli.common import console, err_console, fail, read_spec
+from shardline.service.config import DEFAULT_STATE_DIR
+from shardline.workers.contract.planner import PlannedLayout
+from shardline.workers.contract.rates import DEFAULT_RATES, Rates
+from shardline.workers.contract.spec import JobSpec
 
 DEFAULT_RATES_FILE = DEFAULT_STATE_DIR / "rates.json"
 GIB = float(1 << 30)
@@ -56,7 +56,7 @@ def plan(
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the table.")] = 10,
 ) -> None:
     """Rank every legal layout of SPEC on N ranks by predicted step time."""
-    from workers.contract.planner import plan as plan_layouts
+    from shardline.workers.contract.planner import plan as plan_layouts
 
     spec = read_spec(spec_path)
     rates, calibrated = _rates(spec, ranks, device, rates_file, calibrate)
@@ -93,7 +93,7 @@ def _rates(
     if device is not None and device not in DEFAULT_RATES:
         raise fail([f"--device {device!r}: use one of {', '.join(DEFAULT_RATES)}"])
     if calibrate:
-        from workers.engine.calibrate import calibrate as measure
+        from shardline.workers.engine.calibrate import calibrate as measure
 
         err_console.print("calibrating: the model's rate, memory and all-reduce speed ...")
         rates = measure(spec, ranks)

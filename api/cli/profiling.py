@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import TokenOption, UrlOption, api_errors, client, console, err_console, fail
+from shardline.api.cli.common import (
+    TokenOption,
+    UrlOption,
+    api_errors,
+    client,
+    console,
+    err_console,
+    fail,
+)
 
 
 def profile(

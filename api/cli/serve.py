@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from api.cli.common import console, load_settings
-from api.credentials import default_url
+from shardline.api.cli.common import console, load_settings
+from shardline.api.credentials import default_url
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,13 @@ def serve(
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)
 
-    from api.app import create_app
-    from service.db import Database
-    from service.local_ray import LocalRay, start_local_ray
-    from service.migrate import upgrade_to_head
-    from service.store import JobStore
-    from service.users import UserDirectory, bootstrap_admin
-    from workers.contract.lifecycle import SUPERVISED
+    from shardline.api.app import create_app
+    from shardline.service.db import Database
+    from shardline.service.local_ray import LocalRay, start_local_ray
+    from shardline.service.migrate import upgrade_to_head
+    from shardline.service.store import JobStore
+    from shardline.service.users import UserDirectory, bootstrap_admin
+    from shardline.workers.contract.lifecycle import SUPERVISED
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**overrides)
@@ -60,7 +60,7 @@ def serve(
         local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
         local.use_auth()  # before ray is imported: it reads its auth settings then
         address = local.address
-    from service.ray_runtime import RayRuntime
+    from shardline.service.ray_runtime import RayRuntime
 
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)

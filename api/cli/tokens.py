@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.cli.common import console, fail
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.api.cli.common import console, fail
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 
 tokens_app = typer.Typer(
     no_args_is_help=True,

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from api.cli.common import err_console, fail, read_spec, step_progress
-from api.cli.hf import resolve_local_init_from
-from workers.contract.spec import JobSpec
+from shardline.api.cli.common import err_console, fail, read_spec, step_progress
+from shardline.api.cli.hf import resolve_local_init_from
+from shardline.workers.contract.spec import JobSpec
 
 
 def train(
@@ -48,7 +48,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a spec on this machine without Ray (gloo on CPU, NCCL on GPU)."""
-    from workers.engine.launch import (
+    from shardline.workers.engine.launch import (
         LocalCheckpoints,
         TrainingFailed,
         exit_rank_process,
@@ -120,9 +120,9 @@ def _auto_layout(spec: JobSpec, nproc: int | None) -> JobSpec:
     (torchrun's world, else `--nproc`, else one per GPU, else one)."""
     import torch
 
-    from service.layout_planning import NoLayout, pick_layout
-    from workers.contract.rates import DEFAULT_RATES
-    from workers.engine.calibrate import device_kind
+    from shardline.service.layout_planning import NoLayout, pick_layout
+    from shardline.workers.contract.rates import DEFAULT_RATES
+    from shardline.workers.engine.calibrate import device_kind
 
     gpus = torch.cuda.device_count()
     # Under torchrun the world is its own (all nodes); else --nproc, one per GPU, or one.

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from api.cli.common import (
+from shardline.api.cli.common import (
     TokenOption,
     UrlOption,
     api_errors,
@@ -19,7 +19,7 @@ from api.cli.common import (
     fail,
     step_progress,
 )
-from api.client import TERMINAL_STATES, Client
+from shardline.api.client import TERMINAL_STATES, Client
 
 # How long a follow rides out an unreachable server (a restart, an upgrade) before it
 # gives up; the job itself does not depend on the server being up.

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.responses import HTMLResponse
 
-from api.static_files import PAGE_CACHE_CONTROL, CachedStaticFiles
+from shardline.api.static_files import PAGE_CACHE_CONTROL, CachedStaticFiles
 
 ASSETS_URL = "/static/docs"
 ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"

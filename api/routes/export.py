@@ -2,7 +2,7 @@
 
 The conversion reads the torch.distributed.checkpoint files, which needs torch, and the
 control plane never imports torch (tests/unit/test_control_plane_imports.py): so the export
-runs in a child process (`python -m workers.engine.hf_export`), which also keeps a large
+runs in a child process (`python -m shardline.workers.engine.hf_export`), which also keeps a large
 model's memory out of the API process and frees it when the export ends. The child also
 zips the folder it writes (stored, not compressed: weights barely compress) into a
 temporary file, at a lower priority than the server, so that a busy host answers
@@ -27,14 +27,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
-from api.deps import CurrentUser, ExportsDep, SettingsDep, StoreDep
-from api.errors import ApiError
-from api.openapi import error_responses
-from service.admission import checkpoint_storage
-from service.config import Settings
-from workers.contract.data_access import DataAccess
-from workers.contract.sections import MAX_STEPS
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from shardline.api.deps import CurrentUser, ExportsDep, SettingsDep, StoreDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses
+from shardline.service.admission import checkpoint_storage
+from shardline.service.config import Settings
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.sections import MAX_STEPS
+from shardline.workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ async def _run_export(
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "workers.engine.hf_export",
+        "shardline.workers.engine.hf_export",
         ckpt.path,
         str(out),
         "--zip",

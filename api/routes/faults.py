@@ -12,15 +12,15 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from api.bodies import parse_body
-from api.deps import CurrentUser, RuntimeDep, StoreDep
-from api.errors import ApiError
-from api.openapi import error_responses, request_body
-from api.schemas import FaultCreate
-from service.runtime import FaultNotDelivered
-from workers.contract.faults import FaultKind
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
+from shardline.api.bodies import parse_body
+from shardline.api.deps import CurrentUser, RuntimeDep, StoreDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses, request_body
+from shardline.api.schemas import FaultCreate
+from shardline.service.runtime import FaultNotDelivered
+from shardline.workers.contract.faults import FaultKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

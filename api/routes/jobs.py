@@ -10,8 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from api.bodies import parse_body
-from api.deps import (
+from shardline.api.bodies import parse_body
+from shardline.api.deps import (
     AdmissionDep,
     BearerDep,
     CurrentUser,
@@ -23,10 +23,10 @@ from api.deps import (
     read_as,
     views_of,
 )
-from api.errors import ApiError
-from api.json_body import encoded_response, json_body, json_bytes
-from api.openapi import error_responses, request_body
-from api.schemas import (
+from shardline.api.errors import ApiError
+from shardline.api.json_body import encoded_response, json_body, json_bytes
+from shardline.api.openapi import error_responses, request_body
+from shardline.api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
     EventPublic,
@@ -35,12 +35,12 @@ from api.schemas import (
     JobsPublic,
     MetricsPublic,
 )
-from service.models import Checkpoint, JobEvent
-from service.principal import Principal
-from service.store import JobNotFound
-from workers.contract.lifecycle import JobState
-from workers.contract.sections import MAX_STEPS
-from workers.contract.spec import JobSpec
+from shardline.service.models import Checkpoint, JobEvent
+from shardline.service.principal import Principal
+from shardline.service.store import JobNotFound
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.sections import MAX_STEPS
+from shardline.workers.contract.spec import JobSpec
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)

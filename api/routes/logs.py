@@ -10,17 +10,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from api.deps import CurrentUser, SettingsDep, StoreDep
-from api.errors import ApiError
-from api.log_stream import follow_response
-from api.openapi import error_responses
-from api.schemas import LogsPublic
-from service.config import Settings
-from service.job_logs import search_lines, tail_lines
-from service.models import Job
-from service.principal import Viewer
-from service.store import JobStore
-from workers.storage.layout import JobLayout
+from shardline.api.deps import CurrentUser, SettingsDep, StoreDep
+from shardline.api.errors import ApiError
+from shardline.api.log_stream import follow_response
+from shardline.api.openapi import error_responses
+from shardline.api.schemas import LogsPublic
+from shardline.service.config import Settings
+from shardline.service.job_logs import search_lines, tail_lines
+from shardline.service.models import Job
+from shardline.service.principal import Viewer
+from shardline.service.store import JobStore
+from shardline.workers.storage.layout import JobLayout
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)

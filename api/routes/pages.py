@@ -13,7 +13,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from starlette.responses import FileResponse
 
-from api.static_files import PAGE_CACHE_CONTROL, CachedStaticFiles
+from shardline.api.static_files import PAGE_CACHE_CONTROL, CachedStaticFiles
 
 PAGE_DIR = Path(__file__).resolve().parents[1] / "static" / "page"
 PAGE_CSP = (

@@ -8,13 +8,13 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import AdmissionDep, CurrentUser, RatesDep, RuntimeDep
-from api.errors import ApiError
-from api.openapi import error_responses
-from service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
-from service.rates import PlanningRates
-from workers.contract.demand import bundle_resources, describe
-from workers.contract.spec import JobSpec
+from shardline.api.deps import AdmissionDep, CurrentUser, RatesDep, RuntimeDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses
+from shardline.service.layout_planning import MAX_PLAN_RANKS, admissible_ranks
+from shardline.service.rates import PlanningRates
+from shardline.workers.contract.demand import bundle_resources, describe
+from shardline.workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))
 
@@ -50,7 +50,7 @@ async def plan_layouts(
 ) -> Any:
     """Every legal layout of `spec` on `ranks` ranks (default: what is free now), those
     that fit `device_memory` first, each group fastest first by the cost model."""
-    from workers.contract.planner import plan
+    from shardline.workers.contract.planner import plan
 
     def answer() -> PlanPublic:
         # The shapes come from model.init_from's config.json where it names one, as at submit.

@@ -11,19 +11,19 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from api.bodies import parse_body
-from api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
-from api.errors import ApiError
-from api.openapi import error_responses, request_body
-from api.schemas import ProfileCreate, ProfilePublic
-from service.config import Settings
-from service.models import Job
-from service.principal import Viewer
-from service.profiles import Profiles, ProfileState
-from service.runtime import FaultNotDelivered
-from service.store import JobStore
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
+from shardline.api.bodies import parse_body
+from shardline.api.deps import CurrentUser, RuntimeDep, SettingsDep, StoreDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses, request_body
+from shardline.api.schemas import ProfileCreate, ProfilePublic
+from shardline.service.config import Settings
+from shardline.service.models import Job
+from shardline.service.principal import Viewer
+from shardline.service.profiles import Profiles, ProfileState
+from shardline.service.runtime import FaultNotDelivered
+from shardline.service.store import JobStore
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
 
 router = APIRouter(
     prefix="/v1/jobs", tags=["profiles"], responses=error_responses(401, 404, 429, 503)

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 
-from api.bodies import parse_body
-from api.deps import CurrentUser, DatabaseDep, RuntimeDep, StoreDep
-from api.openapi import error_responses, request_body
-from api.schemas import (
+from shardline.api.bodies import parse_body
+from shardline.api.deps import CurrentUser, DatabaseDep, RuntimeDep, StoreDep
+from shardline.api.openapi import error_responses, request_body
+from shardline.api.schemas import (
     ClusterPublic,
     HoldingPublic,
     JobPatch,
@@ -20,11 +20,11 @@ from api.schemas import (
     QueuedPublic,
     utc,
 )
-from service.cluster_view import NodeInfo
-from service.db import Database
-from service.models import Job
-from service.principal import Viewer
-from service.queue import queued_in_order, set_priority
+from shardline.service.cluster_view import NodeInfo
+from shardline.service.db import Database
+from shardline.service.models import Job
+from shardline.service.principal import Viewer
+from shardline.service.queue import queued_in_order, set_priority
 
 router = APIRouter(tags=["cluster"], responses=error_responses(401, 429, 503))
 

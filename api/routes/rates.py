@@ -11,17 +11,17 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import AdmissionDep, CalibrationDep, CurrentUser, RatesDep, RuntimeDep
-from api.errors import ApiError
-from api.openapi import error_responses
-from service.rates import (
+from shardline.api.deps import AdmissionDep, CalibrationDep, CurrentUser, RatesDep, RuntimeDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses
+from shardline.service.rates import (
     AlreadyCalibrating,
     CalibrationState,
     as_utc,
 )
-from workers.contract.rates import MAX_CALIBRATION_RANKS
-from workers.contract.sections import ParallelSpec
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.rates import MAX_CALIBRATION_RANKS
+from shardline.workers.contract.sections import ParallelSpec
+from shardline.workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=error_responses(401, 429, 503))
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from api.deps import CurrentUser, DatabaseDep, TelemetryDep
-from api.errors import ApiError
-from api.openapi import error_responses
+from shardline.api.deps import CurrentUser, DatabaseDep, TelemetryDep
+from shardline.api.errors import ApiError
+from shardline.api.openapi import error_responses
 
 router = APIRouter(tags=["system"])
 

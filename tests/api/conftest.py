@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Client
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.api.client import Client
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 from tests.support.databases import fresh_database
 from tests.support.server import RunningServer, run_server
 

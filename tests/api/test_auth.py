@@ -97,7 +97,7 @@ def test_revoking_a_token_takes_effect_at_once(backend: Backend) -> None:
 def test_tokens_are_stored_hashed(backend: Backend) -> None:
     from sqlalchemy import select
 
-    from service.models import ApiToken
+    from shardline.service.models import ApiToken
 
     _, token = backend.new_user()
     with backend.db.session() as s:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Client, ShardlineError
-from service.config import Settings
+from shardline.api.client import Client, ShardlineError
+from shardline.service.config import Settings
+from shardline.workers.contract.net import free_port
 from tests.support.databases import fresh_database, migrated_with_token
 from tests.support.server import run_server
-from workers.contract.net import free_port
 
 
 def test_an_unreachable_checkpoint_store_is_a_503_that_says_so(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from api.cli.app import app
+from shardline.api.cli.app import app
 from tests.api.conftest import Backend
 
 # One database is enough: these are about the CLI's words, not the store.

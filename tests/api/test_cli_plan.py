@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from api.cli.app import app
-from workers.contract.spec import JobSpec
+from shardline.api.cli.app import app
+from shardline.workers.contract.spec import JobSpec
 
 RUNNER = CliRunner()
 
@@ -53,7 +53,7 @@ def test_calibrate_measures_saves_and_is_used_next_time(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "api.cli",
+            "shardline.api.cli",
             "plan",
             str(spec),
             "--ranks",

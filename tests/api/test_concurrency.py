@@ -13,10 +13,10 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from service.db import Database
-from service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from shardline.service.db import Database
+from shardline.service.store import ConcurrentUpdate, IllegalTransition, JobStore
+from shardline.workers.contract.lifecycle import JobState
 from tests.api.conftest import Backend
-from workers.contract.lifecycle import JobState
 
 # How many submits must be inside the store at the same moment, each having found no job
 # for the key, so that all but one take the duplicate-key (IntegrityError) path.
@@ -204,6 +204,6 @@ def test_illegal_edges_are_refused(backend: Backend) -> None:
 
 
 def _spec() -> Any:
-    from workers.contract.spec import JobSpec
+    from shardline.workers.contract.spec import JobSpec
 
     return JobSpec.model_validate({"name": "race"})

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from sqlalchemy import event
 
-from service.db import Database
+from shardline.service.db import Database
 from tests.api.conftest import Backend
 
 CONCURRENT = 32

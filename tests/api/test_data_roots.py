@@ -12,13 +12,13 @@ from unittest.mock import ANY
 import httpx
 import pytest
 
-from service.admission import Refused, check_data_paths
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.service.admission import Refused, check_data_paths
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.spec import JobSpec
 from tests.support.server import RunningServer, run_server
-from workers.contract.spec import JobSpec
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.models import Job
-from service.users import UserDirectory
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.models import Job
+from shardline.service.users import UserDirectory
 from tests.support.databases import REQUIRE_ENV
 from tests.support.postgres_server import postgres_bindir
 from tests.support.restartable_postgres import PostgresProcess, restartable_postgres

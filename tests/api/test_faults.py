@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
-from service.store import ConcurrentUpdate, JobStore
+from shardline.api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
+from shardline.service.store import ConcurrentUpdate, JobStore
+from shardline.workers.contract.events import EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import EventEntry
 from tests.api.conftest import Backend
-from workers.contract.events import EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import EventEntry
 
 SPEC: dict[str, Any] = {"name": "faulty", "parallel": {"dp": 2}, "train": {"steps": 7}}
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from service.models import Job
+from shardline.service.models import Job
 from tests.api.conftest import Backend
 
 

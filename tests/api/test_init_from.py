@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.client import Client, InvalidRequest, NotFound
+from shardline.api.client import Client, InvalidRequest, NotFound
 from tests.api.conftest import Backend
 from tests.api.test_resume_from import commit_checkpoint
 

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api.client import Client, NotFound
-from service.store import JobStore
+from shardline.api.client import Client, NotFound
+from shardline.service.store import JobStore
+from shardline.workers.contract.progress import EventEntry, MetricsEntry, ProgressEntry
 from tests.api.conftest import Backend
-from workers.contract.progress import EventEntry, MetricsEntry, ProgressEntry
 
 SPEC: dict[str, Any] = {"name": "api-job", "train": {"steps": 7}}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 from tests.support.databases import fresh_database
 from tests.support.server import run_server
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api import log_stream
+from shardline.api import log_stream
 from tests.api.conftest import Backend
 
 

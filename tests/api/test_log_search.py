@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from api.client import Client, InvalidRequest, NotFound
-from service import job_logs
+from shardline.api.client import Client, InvalidRequest, NotFound
+from shardline.service import job_logs
 from tests.api.conftest import Backend
 
 SPEC: dict[str, Any] = {"name": "logged", "parallel": {"dp": 2}, "train": {"steps": 7}}

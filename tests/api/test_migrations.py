@@ -10,8 +10,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, make_url, text
 
-from service.migrate import downgrade_to_base, upgrade_to_head
-from service.models import Base
+from shardline.service.migrate import downgrade_to_base, upgrade_to_head
+from shardline.service.models import Base
 from tests.support.databases import fresh_database, postgres_admin_url
 
 TABLES = {

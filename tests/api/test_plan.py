@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.client import Client, ShardlineError
+from shardline.api.client import Client, ShardlineError
+from shardline.workers.contract.spec import JobSpec
 from tests.api.conftest import Backend
-from workers.contract.spec import JobSpec
 
 SPEC: dict[str, Any] = {
     "name": "plan",

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from service.db import Database
+from shardline.service.db import Database
 from tests.api.conftest import Backend
 
 

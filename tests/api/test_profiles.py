@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from api.client import Client, Conflict, InvalidRequest, NotFound
-from service.profiles import ProfileBusy, Profiles
-from service.store import JobStore
+from shardline.api.client import Client, Conflict, InvalidRequest, NotFound
+from shardline.service.profiles import ProfileBusy, Profiles
+from shardline.service.store import JobStore
+from shardline.workers.contract.lifecycle import JobState
 from tests.api.conftest import Backend
-from workers.contract.lifecycle import JobState
 
 SPEC: dict[str, Any] = {"name": "profiled", "parallel": {"dp": 2}, "train": {"steps": 7}}
 

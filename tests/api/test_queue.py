@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
+from shardline.api.client import Client, Conflict, Forbidden, InvalidRequest, NotFound
 
 SPEC: dict[str, Any] = {"name": "queued", "train": {"steps": 5}}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
-from service.write_notices import APPLICATION_NAME, libpq_url
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
+from shardline.service.write_notices import APPLICATION_NAME, libpq_url
 from tests.support.databases import fresh_postgres
 from tests.support.server import run_server
 

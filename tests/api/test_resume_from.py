@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Client, Conflict, InvalidRequest, NotFound
+from shardline.api.client import Client, Conflict, InvalidRequest, NotFound
 from tests.api.conftest import Backend
 
 

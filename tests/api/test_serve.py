@@ -15,13 +15,13 @@ from pathlib import Path
 
 import httpx
 
-from service.db import Database
-from service.local_ray import LocalRay, find_local_ray, session_members
-from service.store import JobStore
-from service.users import UserDirectory
-from workers.contract.lifecycle import JobState
-from workers.contract.net import free_port
-from workers.contract.spec import JobSpec
+from shardline.service.db import Database
+from shardline.service.local_ray import LocalRay, find_local_ray, session_members
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.spec import JobSpec
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from shardline.workers.contract.spec import JobSpec
 from tests.api.conftest import Backend
-from workers.contract.spec import JobSpec
 
 
 def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:

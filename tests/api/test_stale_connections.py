@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from service import db as db_module
-from service.db import Database
+from shardline.service import db as db_module
+from shardline.service.db import Database
 from tests.support.databases import fresh_database
 
 

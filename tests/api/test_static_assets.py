@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.config import Settings
-from service.migrate import upgrade_to_head
+from shardline.service.config import Settings
+from shardline.service.migrate import upgrade_to_head
 from tests.support.server import RunningServer, run_server
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from service.config import Settings
+from shardline.service.config import Settings
 from tests.support.server import run_server
 
 
@@ -26,7 +26,7 @@ def test_a_500_is_logged_once_with_its_traceback(tmp_path: Path) -> None:
     handler = Records()
     # uvicorn's loggers do not propagate to the root, and uvicorn configures them when it
     # starts: listen on them directly, once the server runs.
-    loggers = [logging.getLogger(name) for name in ("api", "uvicorn.error", "uvicorn")]
+    loggers = [logging.getLogger(name) for name in ("shardline.api", "uvicorn.error", "uvicorn")]
     with run_server(settings) as server:
         for logger in loggers:
             logger.addHandler(handler)

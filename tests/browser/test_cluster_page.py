@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from api.client import Client
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.api.client import Client
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 from tests.browser.conftest import PHONE, Sandboxed
 from tests.browser.test_status_page import long_job, sign_in
 from tests.support.server import run_server

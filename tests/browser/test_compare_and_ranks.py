@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.store import JobStore
-from service.users import UserDirectory
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.progress import EventEntry, MetricsEntry
+from shardline.workers.contract.spec import JobSpec
 from tests.browser.conftest import Sandboxed
 from tests.browser.test_status_page import shoot, sign_in
 from tests.support.server import run_server
-from workers.contract.progress import EventEntry, MetricsEntry
-from workers.contract.spec import JobSpec
 
 STEPS = 12
 NODE = "f00dfeed" + "0" * 48

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from service.config import Settings
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
 from tests.browser.conftest import Sandboxed
 from tests.support.server import RunningServer, run_server
 

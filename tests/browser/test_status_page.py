@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from api.client import Client
-from service.config import Settings
-from service.db import Database
-from service.local_ray import LocalRay
-from service.migrate import upgrade_to_head
-from service.users import UserDirectory
+from shardline.api.client import Client
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.local_ray import LocalRay
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.net import free_port
 from tests.browser.conftest import DESKTOP, PHONE, Sandboxed, open_sandboxed
 from tests.e2e.conftest import Service, service  # noqa: F401  (fixture)
 from tests.support.ray_head import running_ray_head
 from tests.support.server import run_server
-from workers.contract.net import free_port
 
 PAGE_SIZE = 25  # the page's (list.js)
 

@@ -3,7 +3,7 @@
 The fresh venv gets the wheel without its dependencies and borrows them from the test's
 own environment through a .pth line (no download of torch or ray per test run). That line
 adds the folder to sys.path without processing the .pth files inside it, so the
-checkout's editable install stays invisible: `api`, `service` and `workers` resolve to
+checkout's editable install stays invisible: `shardline` resolves to
 the wheel.
 """
 

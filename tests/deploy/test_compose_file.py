@@ -15,7 +15,9 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from service.config import Settings
+from shardline.service.config import Settings
+from shardline.workers.contract.demand import job_demand
+from shardline.workers.contract.spec import load_spec
 from tests.deploy.compose_env import (
     MissingVariable,
     active_services,
@@ -24,8 +26,6 @@ from tests.deploy.compose_env import (
     read_env_file,
 )
 from tests.deploy.conftest import CHECKOUT, InstalledWheel, outside_env
-from workers.contract.demand import job_demand
-from workers.contract.spec import load_spec
 
 COMPOSE_FILE = CHECKOUT / "docker-compose.yml"
 ENV_EXAMPLE = CHECKOUT / ".env.example"
@@ -143,12 +143,18 @@ def test_the_image_installs_the_package_not_an_editable_checkout() -> None:
 
 def test_the_image_copies_every_package_the_wheel_holds() -> None:
     """A package the wheel would carry but the image never copies (migrations/ once) is
-    missing from the image's install."""
+    missing from the image's install: the image copies the package's folder of links and
+    every folder a link points to."""
     dockerfile = (CHECKOUT / "Dockerfile").read_text()
     pyproject = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())
-    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    for package in (pattern.rstrip("*") for pattern in include):
-        assert f"COPY {package} ./{package}" in dockerfile, package
+    where = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    assert where == ["src"]
+    assert "COPY src ./src" in dockerfile
+    linked = [p for p in (CHECKOUT / "src" / "shardline").iterdir() if p.is_symlink()]
+    assert {p.name for p in linked} == {"api", "service", "workers", "migrations"}
+    for link in linked:
+        target = link.resolve().relative_to(CHECKOUT)
+        assert f"COPY {target} ./{target}" in dockerfile, target
 
 
 def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,11 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.client import Client
-from service.local_ray import OBJECT_STORE_BYTES, stop_session
+from shardline.api.client import Client
+from shardline.service.local_ray import OBJECT_STORE_BYTES, stop_session
+from shardline.workers.contract.net import free_port
 from tests.deploy.conftest import InstalledWheel, outside_env
 from tests.support.postgres_server import postgres_bindir, postgres_server
-from workers.contract.net import free_port
 
 CPUS_PER_NODE = 2  # logical: a 4-rank job cannot fit on one node
 NODE = [

@@ -90,7 +90,7 @@ def test_nothing_the_dockerfile_copies_is_ignored(
     patterns: list[tuple[bool, re.Pattern[str]]],
 ) -> None:
     sources = copied_sources(DOCKERFILE.read_text())
-    assert {"pyproject.toml", "api", "migrations", "examples"} <= set(sources)
+    assert {"pyproject.toml", "api", "migrations", "src", "examples"} <= set(sources)
     for source in sources:
         assert (CHECKOUT / source).exists(), source
         assert not excluded(source, patterns), f".dockerignore leaves out {source}"

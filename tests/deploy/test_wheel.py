@@ -24,19 +24,20 @@ def run(installed: InstalledWheel, *args: str, **env: str) -> subprocess.Complet
 def test_wheel_holds_the_page_and_the_migrations(installed_wheel: InstalledWheel) -> None:
     names = set(zipfile.ZipFile(installed_wheel.wheel).namelist())
     for shipped in (
-        "api/static/page/index.html",
-        "api/static/page/main.js",
-        "api/static/page/app.css",
-        "migrations/env.py",
-        "migrations/script.py.mako",
-        "migrations/versions/0001_initial_schema.py",
+        "shardline/api/static/page/index.html",
+        "shardline/api/static/page/main.js",
+        "shardline/api/static/page/app.css",
+        "shardline/migrations/env.py",
+        "shardline/migrations/script.py.mako",
+        "shardline/migrations/versions/0001_initial_schema.py",
     ):
         assert shipped in names, f"{shipped} is not in {installed_wheel.wheel.name}"
 
 
 def test_installed_package_is_the_wheel_not_the_checkout(installed_wheel: InstalledWheel) -> None:
+    probe = "import shardline.api, shardline.service; print(shardline.api.__file__)"
     where = subprocess.run(
-        [str(installed_wheel.python), "-c", "import api, service; print(api.__file__)"],
+        [str(installed_wheel.python), "-c", probe],
         cwd=installed_wheel.outside,
         env=outside_env(),
         capture_output=True,
@@ -44,6 +45,18 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed_wheel: Instal
         check=True,
     ).stdout
     assert where.startswith(str(installed_wheel.venv)), where
+
+
+def test_the_wheel_installs_one_top_level_package(installed_wheel: InstalledWheel) -> None:
+    """A user's own `api` or `service` module is never shadowed by installing Shardline."""
+    names = zipfile.ZipFile(installed_wheel.wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"shardline"}, tops
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert (
+        "shardline = shardline.api.cli:main"
+        in zipfile.ZipFile(installed_wheel.wheel).read(entry).decode()
+    )
 
 
 def test_serve_help_and_migrate_from_outside_the_checkout(installed_wheel: InstalledWheel) -> None:

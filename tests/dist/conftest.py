@@ -7,15 +7,16 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from workers.engine.distributed import init_world, leave_world
-from workers.contract.net import free_port
+from shardline.workers.engine.distributed import init_world, leave_world
+from shardline.workers.contract.net import free_port
 
 
 @pytest.fixture
 def one_rank_world() -> Iterator[torch.device]:
     device = torch.device("cpu")
-    init_world(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(),
-               device=device)
+    init_world(
+        rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), device=device
+    )
     try:
         yield device
     finally:

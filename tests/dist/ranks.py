@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from workers.contract.net import free_port
-from workers.engine.distributed import init_world, leave_world, limit_cpu_threads
-from workers.engine.launch import exit_rank_process, rank_processes
+from shardline.workers.contract.net import free_port
+from shardline.workers.engine.distributed import init_world, leave_world, limit_cpu_threads
+from shardline.workers.engine.launch import exit_rank_process, rank_processes
 
 RankFn = Callable[[int, int, torch.device], Any]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engine.launch import train_local
-from workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
+from shardline.workers.contract.spec import JobSpec
 
 
 def tiny_spec(**overrides: Any) -> JobSpec:
@@ -15,8 +15,15 @@ def tiny_spec(**overrides: Any) -> JobSpec:
         "model": {"preset": "tiny", "seq_len": 64},
         "data": {"source": "synthetic"},
         "precision": "fp32",
-        "train": {"steps": 10, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3,
-                  "warmup_steps": 2, "log_every": 1, "seed": 7},
+        "train": {
+            "steps": 10,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "log_every": 1,
+            "seed": 7,
+        },
     }
     for section, values in overrides.items():
         if isinstance(values, dict):

@@ -9,8 +9,8 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from tests.dist.runs import tiny_spec
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
 
 
 def losses(device: torch.device, mode: str) -> tuple[list[float], Trainer]:
@@ -26,8 +26,9 @@ def losses(device: torch.device, mode: str) -> tuple[list[float], Trainer]:
 
 
 @pytest.mark.parametrize(("mode", "wrapped"), [("full", 4), ("selective", 2)])
-def test_checkpointed_training_matches_plain_training(one_rank_world: torch.device, mode: str,
-                                                      wrapped: int) -> None:
+def test_checkpointed_training_matches_plain_training(
+    one_rank_world: torch.device, mode: str, wrapped: int
+) -> None:
     plain, _ = losses(one_rank_world, "none")
     ours, trainer = losses(one_rank_world, mode)
     assert ours == pytest.approx(plain, rel=1e-6)

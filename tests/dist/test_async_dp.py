@@ -15,16 +15,16 @@ import torch
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
-from workers.contract.memory_model import model_state_bytes
-from workers.contract.spec import JobSpec
-from workers.engine.launch import LocalCheckpoints, train_local
-from workers.engine.nonfinite import NonFiniteLoss
-from workers.engine.data.loader import Batch
-from workers.engine.experimental.async_dp import AsyncStrategy
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore, RestoreSource
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.memory_model import model_state_bytes
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.engine.nonfinite import NonFiniteLoss
+from shardline.workers.engine.data.loader import Batch
+from shardline.workers.engine.experimental.async_dp import AsyncStrategy
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore, RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations
 
 
 def spec_of(mode: str, steps: int = 12) -> JobSpec:

@@ -13,7 +13,7 @@ import yaml
 
 from bench.layouts import parse_layout
 from tests.dist.runs import run
-from workers.contract.spec import load_spec
+from shardline.workers.contract.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH, SEQ_LEN = 4, 8, 32
@@ -22,18 +22,32 @@ TOKENS_PER_STEP = BATCH * SEQ_LEN
 
 def small_spec(tmp_path: Path) -> Path:
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "bench", "model": {"preset": "tiny", "seq_len": SEQ_LEN},
-        "train": {"steps": STEPS, "global_batch_size": BATCH, "micro_batch_size": 2,
-                  "log_every": 2, "warmup_steps": 1},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench",
+                "model": {"preset": "tiny", "seq_len": SEQ_LEN},
+                "train": {
+                    "steps": STEPS,
+                    "global_batch_size": BATCH,
+                    "micro_batch_size": 2,
+                    "log_every": 2,
+                    "warmup_steps": 1,
+                },
+            }
+        )
+    )
     return path
 
 
 def test_parse_layout_uses_spec_names() -> None:
     assert parse_layout("pp=2,v=2,sched=interleaved_1f1b,sp=1,tp=2") == {
-        "pp": 2, "pp_virtual_stages": 2, "pp_schedule": "interleaved_1f1b",
-        "sequence_parallel": True, "tp": 2}
+        "pp": 2,
+        "pp_virtual_stages": 2,
+        "pp_schedule": "interleaved_1f1b",
+        "sequence_parallel": True,
+        "tp": 2,
+    }
 
 
 def test_bench_prints_one_line_per_layout(tmp_path: Path) -> None:
@@ -41,7 +55,10 @@ def test_bench_prints_one_line_per_layout(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "bench.layouts", str(spec), "pp=2,tp=2", "tp=3"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
@@ -68,9 +85,16 @@ def test_shardline_train_runs_pipeline_with_tensor_parallel(tmp_path: Path) -> N
     spec.write_text(yaml.safe_dump(data))
     out = tmp_path / "m.jsonl"
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "shardline"), "train", str(spec),
-         "--metrics-out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(Path(sys.executable).parent / "shardline"),
+            "train",
+            str(spec),
+            "--metrics-out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])

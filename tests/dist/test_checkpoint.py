@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import tiny_spec
-from workers.contract.events import RESTORED_METRICS
-from workers.storage.checkpoints import CheckpointStore
-from workers.engine.launch import LocalCheckpoints, train_local
-from workers.engine.schedule import lr_at
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.events import RESTORED_METRICS
+from shardline.workers.storage.checkpoints import CheckpointStore
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.engine.schedule import lr_at
+from shardline.workers.contract.spec import JobSpec
 
 STEPS, SAVED = 8, 4
 TRAIN = {"steps": STEPS, "warmup_steps": 2}

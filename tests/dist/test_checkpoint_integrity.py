@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
-from workers.storage.layout import CheckpointLocations
-from workers.storage.checkpoints import MANIFEST, CheckpointStore, RestoreSource
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
+from shardline.workers.storage.layout import CheckpointLocations
+from shardline.workers.storage.checkpoints import MANIFEST, CheckpointStore, RestoreSource
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
 
 
 def make_trainer(
@@ -162,9 +162,7 @@ def test_keep_last_never_deletes_the_checkpoint_restored_from(
     spec = tiny_spec(
         train={"steps": 6, "warmup_steps": 1}, checkpoint={"every_steps": 2, "keep_last": 1}
     )
-    plan = CheckpointLocations(
-        save_url=str(tmp_path), restore_from=(RestoreSource(str(tmp_path)),)
-    )
+    plan = CheckpointLocations(save_url=str(tmp_path), restore_from=(RestoreSource(str(tmp_path)),))
     trainer = Trainer(spec, world_size=1, device=torch.device("cpu"), checkpoints=plan)
     assert trainer.step == 2
     trainer.train()
@@ -183,7 +181,15 @@ def test_a_process_killed_while_saving_leaves_no_committed_checkpoint(tmp_path: 
     )
     folder = tmp_path / "ckpt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "train", str(spec), "--checkpoint-dir", str(folder)],
+        [
+            sys.executable,
+            "-m",
+            "shardline.api.cli",
+            "train",
+            str(spec),
+            "--checkpoint-dir",
+            str(folder),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

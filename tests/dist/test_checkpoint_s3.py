@@ -9,8 +9,8 @@ import pytest
 
 from tests.dist.test_checkpoint import layout_spec, losses, train
 from tests.support.s3 import BUCKET, local_s3
-from workers.engine.launch import LocalCheckpoints
-from workers.storage.checkpoints import CheckpointStore
+from shardline.workers.engine.launch import LocalCheckpoints
+from shardline.workers.storage.checkpoints import CheckpointStore
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
-from workers.contract.memory_model import model_state_bytes
-from workers.engine.dtensor import local_part
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
+from shardline.workers.contract.memory_model import model_state_bytes
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,7 @@ def single_process() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def zero_runs() -> dict[int, list[dict[str, Any]]]:
     return {
-        stage: run(tiny_spec(parallel={"dp": 4, "zero_stage": stage}))[0]
-        for stage in (0, 1, 2, 3)
+        stage: run(tiny_spec(parallel={"dp": 4, "zero_stage": stage}))[0] for stage in (0, 1, 2, 3)
     }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import run, tiny_spec
-from workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
 
 POWERSGD = {"kind": "powersgd", "rank": 2, "warmup_steps": 3}
 LAYOUTS: dict[str, dict[str, Any]] = {
@@ -32,9 +32,9 @@ def sent(metrics: list[dict[str, Any]]) -> list[int]:
 
 
 def test_sync_sends_every_fp32_gradient_each_step(runs: dict[str, list[dict[str, Any]]]) -> None:
-    from workers.engine.models.family import count_params
-    from workers.engine.models.llama.config import ModelArgs
-    from workers.engine.models.llama.model import Transformer
+    from shardline.workers.engine.models.family import count_params
+    from shardline.workers.engine.models.llama.config import ModelArgs
+    from shardline.workers.engine.models.llama.model import Transformer
 
     spec = tiny_spec()
     args = ModelArgs.from_resolved(spec.model.resolved())

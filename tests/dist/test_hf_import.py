@@ -17,13 +17,13 @@ from safetensors.torch import load_file
 
 from tests.dist.ranks import on_ranks
 from tests.support.hf_models import save_random_llama
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import CheckpointLocations
-from workers.contract.data_access import DataAccess
-from workers.engine.dtensor import plain
-from workers.engine.trainer import Trainer
-from workers.contract.hf_config import resolve_init_from
-from workers.contract.spec import JobSpec
+from shardline.workers.storage.checkpoints import CheckpointStore
+from shardline.workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.engine.dtensor import plain
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.contract.hf_config import resolve_init_from
+from shardline.workers.contract.spec import JobSpec
 
 
 SEQ = 24

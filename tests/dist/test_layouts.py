@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tests.dist.runs import run, tiny_spec
-from workers.contract.memory_model import model_state_bytes
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.memory_model import model_state_bytes
+from shardline.workers.contract.spec import JobSpec
 
 # The tiny preset splits: 4 heads and 2 kv heads over tp=2, 4 layers over up to 4 stages.
 TRAIN = {"eval_every": 5}
@@ -76,8 +76,7 @@ def assert_breakdown_adds_up(metrics: list[dict[str, Any]], parallel: dict[str, 
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_single_process(layout: str, single_process: list[dict[str, Any]]
-                                       ) -> None:
+def test_layout_matches_single_process(layout: str, single_process: list[dict[str, Any]]) -> None:
     spec = tiny_spec(parallel=LAYOUTS[layout], train=TRAIN)
     metrics, summary = run(spec)
     assert_same_training(metrics, single_process)
@@ -89,15 +88,21 @@ def test_layout_matches_single_process(layout: str, single_process: list[dict[st
 
 
 def test_activation_checkpointing_full_with_tensor_and_data_parallel(
-        single_process: list[dict[str, Any]]) -> None:
-    metrics, _ = run(tiny_spec(parallel={"dp": 2, "tp": 2, "zero_stage": 3},
-                               train={**TRAIN, "activation_checkpointing": "full"}))
+    single_process: list[dict[str, Any]],
+) -> None:
+    metrics, _ = run(
+        tiny_spec(
+            parallel={"dp": 2, "tp": 2, "zero_stage": 3},
+            train={**TRAIN, "activation_checkpointing": "full"},
+        )
+    )
     assert_same_training(metrics, single_process)
 
 
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}])
 def test_tensor_and_pipeline_parallel_halve_parameter_bytes(
-        layout: dict[str, int], single_process: list[dict[str, Any]]) -> None:
+    layout: dict[str, int], single_process: list[dict[str, Any]]
+) -> None:
     metrics, _ = run(tiny_spec(parallel=layout, train={"steps": 3, "warmup_steps": 1}))
     # mem_bytes is the most any rank holds.
     held = metrics[-1]["mem_bytes"]["params"]

@@ -14,14 +14,14 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
-from workers.contract.local_sgd import DeltaDtype, LocalSgd
-from workers.contract.spec import JobSpec
-from workers.engine.grad_compression import GradTraffic
-from workers.engine.launch import LocalCheckpoints, train_local
-from workers.engine.experimental.local_sgd import OuterStep
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore, RestoreSource
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.local_sgd import DeltaDtype, LocalSgd
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.grad_compression import GradTraffic
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.engine.experimental.local_sgd import OuterStep
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore, RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations
 
 
 def _one_sync(

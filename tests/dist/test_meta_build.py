@@ -12,14 +12,14 @@ import torch
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
-from workers.engine.dtensor import plain
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer
-from workers.engine.optimizer import model_name
-from workers.engine.parallel import ParallelDims
-from workers.engine.parts import build_model_parts
-from workers.engine.models.family import load_family
-from workers.contract.spec import JobSpec
+from shardline.workers.engine.dtensor import plain
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer
+from shardline.workers.engine.optimizer import model_name
+from shardline.workers.engine.parallel import ParallelDims
+from shardline.workers.engine.parts import build_model_parts
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,12 @@ log = logging.getLogger(__name__)
 # change the names the weights are drawn by.
 LAYOUTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "one-process": ({}, {}),
-    "dp4-zero3-selective-ac": ({"dp": 4, "zero_stage": 3},
-                               {"activation_checkpointing": "selective"}),
+    "dp4-zero3-selective-ac": (
+        {"dp": 4, "zero_stage": 3},
+        {"activation_checkpointing": "selective"},
+    ),
     "tp2-pp2": ({"tp": 2, "pp": 2}, {}),
-    "pp2-interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2},
-                        {}),
+    "pp2-interleaved": ({"pp": 2, "pp_schedule": "interleaved_1f1b", "pp_virtual_stages": 2}, {}),
 }
 
 LLAMA = load_family("llama")
@@ -41,16 +42,20 @@ def digest(value: torch.Tensor) -> str:
     return hashlib.sha256(value.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
-def initial_weight_hashes(layout: tuple[dict[str, Any], dict[str, Any]], rank: int,
-                          world_size: int, device: torch.device) -> dict[str, str]:
+def initial_weight_hashes(
+    layout: tuple[dict[str, Any], dict[str, Any]], rank: int, world_size: int, device: torch.device
+) -> dict[str, str]:
     """The hash of the full value of every parameter this rank holds (some of), by name."""
     spec = tiny_spec(parallel=layout[0], train=layout[1])
     dims = ParallelDims.from_spec(spec.parallel, world_size)
     parts = build_model_parts(spec, LLAMA, dims=dims, mesh=dims.build_mesh("cpu"), device=device)
     # full_tensor() gathers a DTensor over its mesh: every rank of it calls it in the
     # same order, which named_parameters gives.
-    return {model_name(name): digest(plain(p.data))
-            for module in parts.modules for name, p in module.named_parameters()}
+    return {
+        model_name(name): digest(plain(p.data))
+        for module in parts.modules
+        for name, p in module.named_parameters()
+    }
 
 
 def whole_model_hashes(spec: JobSpec) -> dict[str, str]:
@@ -64,8 +69,7 @@ def test_initial_weights_are_the_same_in_every_layout() -> None:
     for layout, (parallel, train) in LAYOUTS.items():
         world = tiny_spec(parallel=parallel).parallel.world_size
         merged: dict[str, set[str]] = {}
-        for held in on_ranks(partial(initial_weight_hashes, (parallel, train)),
-                             world_size=world):
+        for held in on_ranks(partial(initial_weight_hashes, (parallel, train)), world_size=world):
             for name, value in held.items():
                 merged.setdefault(name, set()).add(value)
         assert set(merged) == set(reference), layout
@@ -80,8 +84,15 @@ def test_the_seed_decides_the_weights() -> None:
 
 
 # About 210M parameters; the largest single parameter (an embedding) is 8% of them.
-BIG_MODEL = {"preset": "tiny", "dim": 1024, "n_layers": 14, "n_heads": 8, "n_kv_heads": 8,
-             "vocab_size": 16384, "seq_len": 64}
+BIG_MODEL = {
+    "preset": "tiny",
+    "dim": 1024,
+    "n_layers": 14,
+    "n_heads": 8,
+    "n_kv_heads": 8,
+    "vocab_size": 16384,
+    "seq_len": 64,
+}
 
 
 def _reset_peak_rss() -> None:
@@ -119,8 +130,10 @@ def test_building_at_zero3_holds_far_less_than_the_whole_model() -> None:
     assert 150e6 < params < 250e6
     whole = on_ranks(partial(build_peak_bytes, True), world_size=1)[0]
     sharded = max(on_ranks(partial(build_peak_bytes, False), world_size=4))
-    report = (f"peak RSS rise while building {params / 1e6:.0f}M parameters: one process, whole: "
-              f"{whole / 2**20:.0f} MiB; dp=4 zero-3, busiest rank: {sharded / 2**20:.0f} MiB")
+    report = (
+        f"peak RSS rise while building {params / 1e6:.0f}M parameters: one process, whole: "
+        f"{whole / 2**20:.0f} MiB; dp=4 zero-3, busiest rank: {sharded / 2**20:.0f} MiB"
+    )
     print(report)
     log.info("%s", report)
     # The whole fp32 model is 4 bytes a parameter; a rank's quarter plus the largest

@@ -15,10 +15,10 @@ import torch
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore
+from shardline.workers.storage.layout import CheckpointLocations
 
 DIES_AT = 2
 

@@ -16,11 +16,11 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
-from workers.engine.dtensor import local_part
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import RestoreSource
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations
 
 
 def inside_a_mixed_precision_step(
@@ -28,8 +28,12 @@ def inside_a_mixed_precision_step(
 ) -> dict[str, list[str]]:
     """On one rank of a dp=2, ZeRO-2 run: the dtypes that matmuls produced, that the
     weights and gradients had at the optimizer step, and that gradients were reduced in."""
-    seen: dict[str, set[str]] = {"matmul": set(), "weights": set(), "grads": set(),
-                                 "reduced": set()}
+    seen: dict[str, set[str]] = {
+        "matmul": set(),
+        "weights": set(),
+        "grads": set(),
+        "reduced": set(),
+    }
     reduce_scatter = dist.reduce_scatter_single
 
     def recording_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
@@ -45,8 +49,9 @@ def inside_a_mixed_precision_step(
             seen["weights"].add(str(local_part(p).dtype))
             seen["grads"].add(str(local_part(p.grad).dtype))
 
-    spec = tiny_spec(precision=precision, parallel={"dp": world_size, "zero_stage": 2},
-                     train={"steps": 2})
+    spec = tiny_spec(
+        precision=precision, parallel={"dp": world_size, "zero_stage": 2}, train={"steps": 2}
+    )
     trainer = Trainer(
         spec,
         world_size=world_size,
@@ -75,8 +80,7 @@ def test_mixed_precision_computes_low_but_keeps_and_reduces_fp32(precision: str)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains_across_data_parallel_ranks(precision: str) -> None:
     metrics, summary = run(
-        tiny_spec(precision=precision, parallel={"dp": 2, "zero_stage": 2},
-                  train={"steps": 20})
+        tiny_spec(precision=precision, parallel={"dp": 2, "zero_stage": 2}, train={"steps": 20})
     )
     losses = [m["loss"] for m in metrics]
     assert all(math.isfinite(v) for v in losses)
@@ -105,8 +109,7 @@ def test_fp16_skips_a_step_with_an_inf_and_backs_off(one_rank_world: torch.devic
 
     def step_and_snapshot() -> dict[str, Any]:
         m = original_step()
-        weights_at[m["step"]] = {n: p.detach().clone() for n, p in
-                                 trainer.model.named_parameters()}
+        weights_at[m["step"]] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         return m
 
     trainer.train_step = step_and_snapshot  # type: ignore[method-assign]
@@ -125,9 +128,7 @@ def test_fp16_skips_a_step_with_an_inf_and_backs_off(one_rank_world: torch.devic
     assert by_step[12]["loss"] < by_step[1]["loss"]
 
 
-def test_fp16_resume_restores_the_loss_scaler(
-    one_rank_world: torch.device, tmp_path: Path
-) -> None:
+def test_fp16_resume_restores_the_loss_scaler(one_rank_world: torch.device, tmp_path: Path) -> None:
     """A step skipped for an inf before the checkpoint halves the scale and counts a skip;
     a run resumed from that checkpoint goes on with the same scale, count and losses."""
 

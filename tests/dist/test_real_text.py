@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.engine.trainer import Trainer
-from workers.contract.spec import JobSpec
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.contract.spec import JobSpec
 
 CORPUS = Path(__file__).resolve().parents[2] / "workers"
 STEPS = 150
@@ -34,14 +34,28 @@ def test_validation_loss_beats_a_bigram_model_on_project_source(
     one_rank_world: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path))
-    spec = JobSpec.model_validate({
-        "name": "real-text",
-        "model": {"preset": "tiny", "seq_len": 128},
-        "data": {"source": "text", "path": str(CORPUS), "tokenizer": "byte",
-                 "val_fraction": 0.1},
-        "train": {"steps": STEPS, "global_batch_size": 16, "micro_batch_size": 16, "lr": 3e-3,
-                  "min_lr": 3e-4, "warmup_steps": 10, "log_every": 50, "seed": 1},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "name": "real-text",
+            "model": {"preset": "tiny", "seq_len": 128},
+            "data": {
+                "source": "text",
+                "path": str(CORPUS),
+                "tokenizer": "byte",
+                "val_fraction": 0.1,
+            },
+            "train": {
+                "steps": STEPS,
+                "global_batch_size": 16,
+                "micro_batch_size": 16,
+                "lr": 3e-3,
+                "min_lr": 3e-4,
+                "warmup_steps": 10,
+                "log_every": 50,
+                "seed": 1,
+            },
+        }
+    )
     trainer = Trainer(spec, world_size=1, device=one_rank_world)
     assert len(trainer.loader.val_tokens) > 1000, "corpus too small to say anything"
     # A model that sees only the current byte (broken attention) can do no better than

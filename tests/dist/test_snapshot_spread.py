@@ -14,13 +14,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from tests.dist.ranks import on_ranks
-from workers.contract.events import RESTORED_METRICS, Event, EventKind
-from workers.engine.checkpoint.spread import SnapshotSpread
-from workers.engine.checkpoint.memory_tier import MemoryTier
-from workers.engine.checkpoint.storage_tier import StorageTier
-from workers.storage.checkpoints import MANIFEST, CheckpointStore
-from workers.storage.layout import CheckpointLocations
-from workers.storage.snapshots import private_snapshot_dir
+from shardline.workers.contract.events import RESTORED_METRICS, Event, EventKind
+from shardline.workers.engine.checkpoint.spread import SnapshotSpread
+from shardline.workers.engine.checkpoint.memory_tier import MemoryTier
+from shardline.workers.engine.checkpoint.storage_tier import StorageTier
+from shardline.workers.storage.checkpoints import MANIFEST, CheckpointStore
+from shardline.workers.storage.layout import CheckpointLocations
+from shardline.workers.storage.snapshots import private_snapshot_dir
 
 ROWS = 64
 

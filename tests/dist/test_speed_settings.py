@@ -13,8 +13,8 @@ from torch import nn
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import run, tiny_spec
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
 
 
 def test_compiled_blocks_train_like_eager_in_fp32() -> None:
@@ -26,12 +26,13 @@ def test_compiled_blocks_train_like_eager_in_fp32() -> None:
     assert compiled[-1]["loss"] < 0.9 * compiled[0]["loss"]
 
 
-def bf16_training(policy: bool, rank: int, world_size: int, device: torch.device
-                  ) -> dict[str, Any]:
+def bf16_training(policy: bool, rank: int, world_size: int, device: torch.device) -> dict[str, Any]:
     """Losses of a bf16 zero-3 run, and the dtypes its projections' weights had in forward."""
-    spec = tiny_spec(precision="bf16", parallel={"dp": world_size, "zero_stage": 3,
-                                                 "fsdp_mixed_precision": policy},
-                     train={"steps": 20})
+    spec = tiny_spec(
+        precision="bf16",
+        parallel={"dp": world_size, "zero_stage": 3, "fsdp_mixed_precision": policy},
+        train={"steps": 20},
+    )
     metrics: list[dict[str, Any]] = []
     trainer = Trainer(
         spec,
@@ -42,12 +43,14 @@ def bf16_training(policy: bool, rank: int, world_size: int, device: torch.device
     gathered: set[str] = set()
     for module in trainer.model.modules():
         if isinstance(module, nn.Linear):
-            module.register_forward_pre_hook(
-                lambda m, _args: gathered.add(str(m.weight.dtype)))
+            module.register_forward_pre_hook(lambda m, _args: gathered.add(str(m.weight.dtype)))
     trainer.train()
     shards = {str(p.dtype) for p in trainer.model.parameters()}
-    return {"losses": [m["loss"] for m in metrics], "gathered": sorted(gathered),
-            "shards": sorted(shards)}
+    return {
+        "losses": [m["loss"] for m in metrics],
+        "gathered": sorted(gathered),
+        "shards": sorted(shards),
+    }
 
 
 def test_bf16_parameter_gathers_learn_like_bf16_autocast() -> None:

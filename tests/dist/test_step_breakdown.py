@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.dist.runs import tiny_spec
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.layout import CheckpointLocations
 
 
 def test_logged_steps_carry_each_ranks_breakdown_and_the_checkpoint_wait(

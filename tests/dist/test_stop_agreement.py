@@ -17,13 +17,13 @@ import torch
 
 from tests.dist.ranks import on_ranks
 from tests.dist.runs import tiny_spec
-from workers.engine import step_outcome
-from workers.engine.nonfinite import NonFiniteLoss
-from workers.engine.step_outcome import StepLedger
-from workers.engine.hooks import TrainerHooks
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.engine import step_outcome
+from shardline.workers.engine.nonfinite import NonFiniteLoss
+from shardline.workers.engine.step_outcome import StepLedger
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore
+from shardline.workers.storage.layout import CheckpointLocations
 
 ASKED_AT = {0: 3, 1: 4}  # the step after which each rank first sees the request
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.dist.runs import run
-from workers.contract.spec import load_spec
+from shardline.workers.contract.spec import load_spec
 
 BIN = Path(sys.executable).parent
 
@@ -22,8 +22,14 @@ def write_spec(tmp_path: Path, **parallel: int) -> Path:
         "name": "cli-run",
         "model": {"preset": "tiny", "seq_len": 32},
         "parallel": parallel,
-        "train": {"steps": 6, "global_batch_size": 4, "micro_batch_size": 1, "log_every": 2,
-                  "eval_every": 3, "lr": 1e-3},
+        "train": {
+            "steps": 6,
+            "global_batch_size": 4,
+            "micro_batch_size": 1,
+            "log_every": 2,
+            "eval_every": 3,
+            "lr": 1e-3,
+        },
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -35,12 +41,21 @@ def test_train_writes_metrics_and_ends_with_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "metrics.jsonl"
     proc = subprocess.run(
         [BIN / "shardline", "train", spec, "--nproc", "2", "--metrics-out", out],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"final_loss", "steps", "tokens_per_s", "mfu", "step_time_s",
-                            "layout", "peak_mem_bytes"}
+    assert set(summary) == {
+        "final_loss",
+        "steps",
+        "tokens_per_s",
+        "mfu",
+        "step_time_s",
+        "layout",
+        "peak_mem_bytes",
+    }
     assert summary["steps"] == 6 and summary["mfu"] is None  # no MFU on CPU
     assert summary["layout"] == "pp=1,dp=2,tp=1,zero=1,fp32"
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -62,8 +77,19 @@ def test_train_under_torchrun(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(BIN))
     assert torchrun is not None
     proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "api.cli", "train", spec],
-        capture_output=True, text=True, timeout=300,
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "shardline.api.cli",
+            "train",
+            spec,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -81,7 +107,8 @@ def test_invalid_spec_is_a_readable_error(tmp_path: Path) -> None:
 
 def test_nproc_must_match_the_layout(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, dp=2)
-    proc = subprocess.run([BIN / "shardline", "train", spec, "--nproc", "3"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [BIN / "shardline", "train", spec, "--nproc", "3"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "dp*tp*pp = 2*1*1 = 2 but the job runs on 3 processes" in proc.stderr

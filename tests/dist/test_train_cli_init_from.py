@@ -14,10 +14,10 @@ import torch.nn.functional as F
 import yaml
 
 from tests.support.hf_models import save_random_llama
-from workers.engine.data.loader import build_loader
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import resolve_init_from
-from workers.contract.spec import load_spec
+from shardline.workers.engine.data.loader import build_loader
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import resolve_init_from
+from shardline.workers.contract.spec import load_spec
 
 
 BIN = Path(sys.executable).parent

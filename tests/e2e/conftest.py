@@ -15,16 +15,16 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from api.client import Client
-from service.config import Settings
-from service.db import Database
-from service.local_ray import LocalRay
-from service.ray_runtime import RayRuntime
-from service.store import JobStore
+from shardline.api.client import Client
+from shardline.service.config import Settings
+from shardline.service.db import Database
+from shardline.service.local_ray import LocalRay
+from shardline.service.ray_runtime import RayRuntime
+from shardline.service.store import JobStore
+from shardline.workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 from tests.support.databases import fresh_database, migrated_with_token
 from tests.support.ray_head import running_ray_head
 from tests.support.server import RunningServer, run_server
-from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
 
 
 @pytest.fixture(scope="session")

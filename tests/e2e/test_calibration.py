@@ -18,15 +18,15 @@ import pytest
 import ray
 from ray.experimental import internal_kv
 
-from api.client import Client, ShardlineError
-from service.db import Database
-from service.local_ray import LocalRay
-from service.users import UserDirectory
+from shardline.api.client import Client, ShardlineError
+from shardline.service.db import Database
+from shardline.service.local_ray import LocalRay
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.planner import default_rates
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.cluster_rates import planning_rates
+from shardline.workers.runtime.names import NAMESPACE
 from tests.e2e.conftest import Service, job_spec, leftovers, wait_for
-from workers.contract.planner import default_rates
-from workers.contract.spec import JobSpec
-from workers.runtime.cluster_rates import planning_rates
-from workers.runtime.names import NAMESPACE
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import ray
 
-from service.local_ray import start_local_ray
+from shardline.service.local_ray import start_local_ray
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
+from shardline.workers.storage.checkpoints import CheckpointStore
 from tests.e2e.conftest import Service, job_spec, new_service, wait_for
 from tests.support.databases import fresh_database
 from tests.support.ray_head import CLUSTER_CPUS, attached
 from tests.support.s3 import BUCKET, local_s3
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
-from workers.storage.checkpoints import CheckpointStore
 
 STEPS = 40
 LIMIT_S = 300.0

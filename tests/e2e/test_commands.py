@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from service.local_ray import find_local_ray
+from shardline.service.local_ray import find_local_ray
 from tests.e2e.conftest import Service, job_spec
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]

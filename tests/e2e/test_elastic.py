@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import ray
 
-from api.client import Client
-from service.local_nodes import FAST_NODE_DEATH, LocalNode, start_local_node
-from service.local_ray import LocalRay, start_local_ray
+from shardline.api.client import Client
+from shardline.service.local_nodes import FAST_NODE_DEATH, LocalNode, start_local_node
+from shardline.service.local_ray import LocalRay, start_local_ray
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
+from shardline.workers.storage.snapshots import ROOT_ENV
 from tests.e2e.conftest import Service, new_service, wait_for
 from tests.support.databases import fresh_database
 from tests.support.ray_head import attached
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
-from workers.storage.snapshots import ROOT_ENV
 
 # The job loses a node after step 6 and grows back after a few steps on 2 ranks; the
 # rest run on 4 ranks (0.3-0.5 s a step here).

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from api.client import Client
+from shardline.api.client import Client
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for, worker_pid
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]

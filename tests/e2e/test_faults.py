@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from api.client import Client, Forbidden
-from service.db import Database
-from service.users import UserDirectory
+from shardline.api.client import Client, Forbidden
+from shardline.service.db import Database
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import LocalCheckpoints, train_local
+from shardline.workers.storage.skipped_batches import SkippedBatches
 from tests.e2e.conftest import Service, resumed, wait_for
 from tests.support.server import RunningServer
-from workers.contract.spec import JobSpec
-from workers.engine.launch import LocalCheckpoints, train_local
-from workers.storage.skipped_batches import SkippedBatches
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 24

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.loader import build_loader
+from shardline.workers.engine.local_model import load_local_model
 from tests.e2e.conftest import Service, wait_for
 from tests.support.hf_models import save_random_llama
-from workers.contract.spec import JobSpec
-from workers.engine.data.loader import build_loader
-from workers.engine.local_model import load_local_model
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")

@@ -11,18 +11,18 @@ import pytest
 import ray
 from sqlalchemy import func, select
 
-from api.client import InvalidRequest
-from service.db import Database
-from service.local_ray import LocalRay, host_cores
-from service.models import JobMetric
-from service.store import JobStore
+from shardline.api.client import InvalidRequest
+from shardline.service.db import Database
+from shardline.service.local_ray import LocalRay, host_cores
+from shardline.service.models import JobMetric
+from shardline.service.store import JobStore
+from shardline.workers.contract.progress import MetricsEntry, ProgressEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
+from shardline.workers.runtime.joining import wait_for_start
+from shardline.workers.runtime.names import NAMESPACE, supervisor_name
+from shardline.workers.runtime.supervisor.workers import StartCancelled
 from tests.e2e.conftest import Service, job_spec, leftovers, state_moves, wait_for
-from workers.contract.progress import MetricsEntry, ProgressEntry
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
-from workers.runtime.joining import wait_for_start
-from workers.runtime.names import NAMESPACE, supervisor_name
-from workers.runtime.supervisor.workers import StartCancelled
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")

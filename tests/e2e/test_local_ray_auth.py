@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.local_ray import LocalRay, _auth_token
+from shardline.service.local_ray import LocalRay, _auth_token
 
 PROBE = (
     "import ray; ray.init(address={address!r}, log_to_driver=False); "

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 import psutil
 import ray
 
-from service.local_ray import LocalRay, session_members
+from shardline.service.local_ray import LocalRay, session_members
 from tests.e2e.conftest import Service, job_spec, wait_for, worker_pid
 
 

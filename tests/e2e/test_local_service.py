@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from api.local_service import local_service
-from service.local_ray import find_local_ray, session_members
+from shardline.api.local_service import local_service
+from shardline.service.local_ray import find_local_ray, session_members
 from tests.e2e.conftest import job_spec, wait_for
 
 

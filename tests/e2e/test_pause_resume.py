@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
 from tests.e2e.conftest import Service, leftovers, wait_for
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 60  # enough to pause mid-run on a loaded machine (CI saw 30 end first) and go on

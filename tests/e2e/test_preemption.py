@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import ray
 
-from service.local_nodes import drain_for_preemption
-from service.ray_runtime import HEAD_RESOURCE
+from shardline.service.local_nodes import drain_for_preemption
+from shardline.service.ray_runtime import HEAD_RESOURCE
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_elastic import (
     BODY as ELASTIC_BODY,
 )
 from tests.e2e.test_elastic import job_on_two_nodes, messages, wait_for_event
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Conflict
+from shardline.api.client import Conflict
 from tests.e2e.conftest import Service, job_spec, leftovers, wait_for
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import ray
 
-from api.client import Client
+from shardline.api.client import Client
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
+from shardline.workers.runtime.names import NAMESPACE, supervisor_name, worker_name
 from tests.e2e.conftest import Service, leftovers, resumed, wait_for, worker_pid
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
-from workers.runtime.names import NAMESPACE, supervisor_name, worker_name
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 40

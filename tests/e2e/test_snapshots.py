@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.launch import train_local
 from tests.e2e.conftest import resumed, wait_for, worker_pid
 from tests.e2e.test_recovery import (
     LIMIT_S,
@@ -19,8 +21,6 @@ from tests.e2e.test_recovery import (
     assert_trained_like,
     finished,
 )
-from workers.contract.spec import JobSpec
-from workers.engine.launch import train_local
 
 MEMORY_EVERY = 3
 

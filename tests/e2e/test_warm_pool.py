@@ -14,15 +14,20 @@ from typing import Any
 import pytest
 import ray
 
-from api.client import TERMINAL_STATES
-from service.local_ray import LocalRay
+from shardline.api.client import TERMINAL_STATES
+from shardline.service.local_ray import LocalRay
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.runtime.actors import WarmPoolActor
+from shardline.workers.runtime.names import (
+    HEAD_RESOURCE,
+    NAMESPACE,
+    WARM_POOL_NAME,
+    supervisor_name,
+)
 from tests.e2e.conftest import new_service, wait_for
 from tests.e2e.test_faults import admin_client
 from tests.e2e.test_recovery import actor_pid, process_ids
 from tests.support.databases import fresh_database
-from workers.contract.data_access import DataAccess
-from workers.runtime.actors import WarmPoolActor
-from workers.runtime.names import HEAD_RESOURCE, NAMESPACE, WARM_POOL_NAME, supervisor_name
 
 pytestmark = pytest.mark.timeout(240)
 

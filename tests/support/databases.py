@@ -130,9 +130,9 @@ def fresh_database(kind: str, folder: Path) -> Iterator[str]:
 
 def migrated_with_token(url: str, prefix: str = "user") -> str:
     """Migrate the database at `url`, make a user in it and return a token of theirs."""
-    from service.db import Database
-    from service.migrate import upgrade_to_head
-    from service.users import UserDirectory
+    from shardline.service.db import Database
+    from shardline.service.migrate import upgrade_to_head
+    from shardline.service.users import UserDirectory
 
     upgrade_to_head(url)
     db = Database(url)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from workers.contract.net import free_port
+from shardline.workers.contract.net import free_port
 
 
 def postgres_bindir() -> Path | None:

@@ -12,7 +12,7 @@ from unittest import mock
 
 import ray
 
-from service.local_ray import LocalRay, start_local_ray
+from shardline.service.local_ray import LocalRay, start_local_ray
 
 # Logical CPUs: an 8-rank CPU job fits a 2-core machine.
 CLUSTER_CPUS = 8

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from shardline.workers.contract.net import free_port
 from tests.support.postgres_server import _wait_ready
-from workers.contract.net import free_port
 
 
 class PostgresProcess:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from s3fs import S3FileSystem
 
-from workers.contract.net import free_port
+from shardline.workers.contract.net import free_port
 
 BUCKET = "shardline-test"
 

@@ -12,10 +12,10 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from api.app import create_app
-from service.config import Settings
-from service.runtime import Runtime
-from workers.contract.net import free_port
+from shardline.api.app import create_app
+from shardline.service.config import Settings
+from shardline.service.runtime import Runtime
+from shardline.workers.contract.net import free_port
 
 
 @dataclass

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.store import JobStore
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.store import JobStore
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from workers.contract.local_sgd import StalenessPolicy
-from workers.contract.spec import JobSpec
-from workers.engine.experimental.async_dp import ParameterShard, plan_shards
+from shardline.workers.contract.local_sgd import StalenessPolicy
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.experimental.async_dp import ParameterShard, plan_shards
 
 
 def test_shards_serve_about_as_many_values_each_and_every_rank_plans_the_same() -> None:

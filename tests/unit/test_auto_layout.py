@@ -7,11 +7,11 @@ from typing import cast
 import pytest
 from pydantic import ValidationError
 
-from service.layout_planning import NoLayout, admissible_ranks, choose_layout, pick_layout
-from service.runtime import ClusterInfo, Runtime
-from workers.contract.events import EventKind
-from workers.contract.rates import DEFAULT_RATES
-from workers.contract.spec import JobSpec
+from shardline.service.layout_planning import NoLayout, admissible_ranks, choose_layout, pick_layout
+from shardline.service.runtime import ClusterInfo, Runtime
+from shardline.workers.contract.events import EventKind
+from shardline.workers.contract.rates import DEFAULT_RATES
+from shardline.workers.contract.spec import JobSpec
 
 
 def spec(parallel: object) -> JobSpec:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.rates import AlreadyCalibrating, Calibration, CalibrationState, RatesBook
-from workers.contract.rates import DEFAULT_RATES, Rates
-from workers.contract.spec import JobSpec
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.rates import AlreadyCalibrating, Calibration, CalibrationState, RatesBook
+from shardline.workers.contract.rates import DEFAULT_RATES, Rates
+from shardline.workers.contract.spec import JobSpec
 
 SPEC = JobSpec.model_validate({"name": "c"})
 

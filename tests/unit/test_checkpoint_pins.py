@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from api.errors import ApiError
-from api.export_slots import ExportSlots
-from workers.storage.checkpoints import CheckpointStore
+from shardline.api.errors import ApiError
+from shardline.api.export_slots import ExportSlots
+from shardline.workers.storage.checkpoints import CheckpointStore
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.config import Settings
+from shardline.service.config import Settings
 
 
 def test_an_object_store_url_holds_each_jobs_checkpoints_and_nothing_else(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api.client import Client
+from shardline.api.client import Client
 
 
 def _flaky(fail: set[str]) -> tuple[httpx.MockTransport, list[str]]:

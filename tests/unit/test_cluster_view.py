@@ -3,7 +3,7 @@ them (the shapes are copied from ray.nodes() and placement_group_table() on Ray 
 
 from __future__ import annotations
 
-from service.cluster_view import Holding, nodes_view
+from shardline.service.cluster_view import Holding, nodes_view
 
 
 def node(node_id: str, address: str, cpus: float, alive: bool = True) -> dict[str, object]:

@@ -6,14 +6,14 @@ import subprocess
 import sys
 
 CONTROL_PLANE = [
-    "api.app",
-    "api.cli",
-    "api.cli.serve",
-    "api.local_service",
-    "service.local_ray",
-    "service.ray_runtime",
-    "service.reconciler",
-    "service.scheduler",
+    "shardline.api.app",
+    "shardline.api.cli",
+    "shardline.api.cli.serve",
+    "shardline.api.local_service",
+    "shardline.service.local_ray",
+    "shardline.service.ray_runtime",
+    "shardline.service.reconciler",
+    "shardline.service.scheduler",
 ]
 
 

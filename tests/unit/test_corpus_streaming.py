@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.engine.data import sources as corpus
-from workers.engine.data.sources import text_chunks, text_tokens
-from workers.engine.data.tokenizers import ByteTokenizer
+from shardline.workers.engine.data import sources as corpus
+from shardline.workers.engine.data.sources import text_chunks, text_tokens
+from shardline.workers.engine.data.tokenizers import ByteTokenizer
 
 TEXT = "héllo wörld, the cat sat on the mat.\n" * 40 + "a last line without an end"
 
@@ -44,7 +44,7 @@ def test_bytes_that_are_not_utf8_raise() -> None:
 def test_tokens_are_those_of_whole_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-    from workers.engine.data.tokenizers import load_tokenizer
+    from shardline.workers.engine.data.tokenizers import load_tokenizer
 
     monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(corpus, "TEXT_CHUNK_BYTES", 64)  # many chunks per file
@@ -80,8 +80,8 @@ def test_tokens_are_those_of_whole_files(tmp_path: Path, monkeypatch: pytest.Mon
 PEAK = """
 import resource, sys
 from pathlib import Path
-from workers.engine.data.sources import text_tokens
-from workers.engine.data.tokenizers import ByteTokenizer
+from shardline.workers.engine.data.sources import text_tokens
+from shardline.workers.engine.data.tokenizers import ByteTokenizer
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 tokens = text_tokens(Path(sys.argv[1]), ByteTokenizer(), 256)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

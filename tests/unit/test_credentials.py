@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Client
-from api.credentials import (
+from shardline.api.client import Client
+from shardline.api.credentials import (
     NoCredentials,
     config_file,
     find_credentials,

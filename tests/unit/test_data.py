@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from workers.contract.spec import JobSpec
-from workers.engine.data.loader import BatchLoader, build_loader
-from workers.engine.data.sources import SYNTHETIC_RUN, synthetic_tokens, text_tokens
-from workers.engine.data.tokenizers import ByteTokenizer
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.loader import BatchLoader, build_loader
+from shardline.workers.engine.data.sources import SYNTHETIC_RUN, synthetic_tokens, text_tokens
+from shardline.workers.engine.data.tokenizers import ByteTokenizer
 
 
 def loader(tokens: np.ndarray, dp_rank: int = 0, dp_size: int = 1, seed: int = 0) -> BatchLoader:
@@ -157,7 +157,7 @@ def test_too_little_data_is_a_clear_error() -> None:
 def test_text_with_a_local_tokenizer_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from workers.engine.data.tokenizers import load_tokenizer
+    from shardline.workers.engine.data.tokenizers import load_tokenizer
 
     monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
     text = "the cat sat on the mat. the dog sat on the log.\n" * 20

@@ -9,10 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.contract.data_access import PRIVATE_ENV, ROOTS_ENV, DataAccess, DataAccessDenied
-from workers.contract.spec import JobSpec
-from workers.engine.data.sources import bin_tokens, load_tokens
-from workers.engine.data.tokenizers import load_tokenizer
+from shardline.workers.contract.data_access import (
+    PRIVATE_ENV,
+    ROOTS_ENV,
+    DataAccess,
+    DataAccessDenied,
+)
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.sources import bin_tokens, load_tokens
+from shardline.workers.engine.data.tokenizers import load_tokenizer
 
 SECRET = "sl_admin_0123456789abcdef"
 
@@ -103,7 +108,7 @@ def test_an_allowed_token_file_is_mapped(layout: dict[str, Path]) -> None:
 
 
 def test_out_of_range_errors_do_not_echo_the_data(layout: dict[str, Path]) -> None:
-    from workers.engine.data.loader import build_loader
+    from shardline.workers.engine.data.loader import build_loader
 
     path = layout["root"] / "corpus" / "tokens.bin"
     np.full(4096, 54321, dtype=np.uint16).tofile(path)

@@ -8,8 +8,8 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from sqlalchemy import create_engine, make_url, text
 
-from service.config import MIN_SECRET_CHARS, Settings
-from service.migrate import upgrade_to_head
+from shardline.service.config import MIN_SECRET_CHARS, Settings
+from shardline.service.migrate import upgrade_to_head
 from tests.support.databases import fresh_postgres, postgres_admin_url
 
 # Every character a URL gives a meaning to, and a percent sign that looks encoded.

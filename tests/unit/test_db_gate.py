@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from service.db import ConcurrencyGate
+from shardline.service.db import ConcurrencyGate
 
 
 def test_no_more_than_the_limit_are_inside_at_once() -> None:

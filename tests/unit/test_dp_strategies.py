@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from workers.contract.local_sgd import DataParallelMode
-from workers.engine.dp_strategy import STRATEGIES, SyncStrategy, strategy_class
+from shardline.workers.contract.local_sgd import DataParallelMode
+from shardline.workers.engine.dp_strategy import STRATEGIES, SyncStrategy, strategy_class
 
 
 @pytest.mark.parametrize("mode", list(DataParallelMode))
@@ -27,11 +27,12 @@ def test_sync_is_the_core_s_own() -> None:
 def test_a_sync_job_never_imports_the_experimental_strategies() -> None:
     probe = (
         "import sys\n"
-        "from workers.contract.local_sgd import DataParallelMode\n"
-        "import workers.engine.trainer\n"
-        "from workers.engine.dp_strategy import strategy_class\n"
+        "from shardline.workers.contract.local_sgd import DataParallelMode\n"
+        "import shardline.workers.engine.trainer\n"
+        "from shardline.workers.engine.dp_strategy import strategy_class\n"
         "strategy_class(DataParallelMode.sync)\n"
-        "print(sorted(m for m in sys.modules if m.startswith('workers.engine.experimental')))\n"
+        "inside = 'shardline.workers.engine.experimental'\n"
+        "print(sorted(m for m in sys.modules if m.startswith(inside)))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

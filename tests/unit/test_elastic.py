@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from workers.contract.demand import admission_demand, elastic_min_ranks, job_demand
-from workers.contract.planner import default_rates, plan
-from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import describe_layout, next_smaller, replan
-from workers.runtime.placement.node_health import NodeHealth
-from workers.runtime.placement.reservation import reserve_placement
+from shardline.workers.contract.demand import admission_demand, elastic_min_ranks, job_demand
+from shardline.workers.contract.planner import default_rates, plan
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.placement.elastic import describe_layout, next_smaller, replan
+from shardline.workers.runtime.placement.node_health import NodeHealth
+from shardline.workers.runtime.placement.reservation import reserve_placement
 
 
 def spec(dp: int = 4, min_dp: int | None = 1, global_batch: int = 8, **parallel: Any) -> JobSpec:

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-import workers.runtime.supervisor.machine as machine
-from service.models import Job
-from service.reconciler import Reconciler
-from service.store import JobStore
-from service.users import UserDirectory
-from workers.contract.lifecycle import JobState, is_legal
-from workers.contract.progress import ProgressRead, StateEntry
-from workers.contract.spec import JobSpec
-from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor import JobSupervisor
-from workers.storage.layout import JobLayout
+import shardline.workers.runtime.supervisor.machine as machine
+from shardline.service.models import Job
+from shardline.service.reconciler import Reconciler
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.lifecycle import JobState, is_legal
+from shardline.workers.contract.progress import ProgressRead, StateEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor import JobSupervisor
+from shardline.workers.storage.layout import JobLayout
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:

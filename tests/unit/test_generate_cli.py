@@ -15,19 +15,19 @@ import torch
 import transformers
 from typer.testing import CliRunner
 
-from api.cli.app import app
+from shardline.api.cli.app import app
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import resolve_init_from
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.tokenizers import ByteTokenizer
+from shardline.workers.engine.distributed import init_world, leave_world
+from shardline.workers.engine.hf_export import export_checkpoint
+from shardline.workers.engine.local_model import load_local_model
+from shardline.workers.engine.trainer import Trainer
+from shardline.workers.storage.checkpoints import CheckpointStore
+from shardline.workers.storage.layout import CheckpointLocations
 from tests.support.hf_models import save_random_llama
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import resolve_init_from
-from workers.contract.net import free_port
-from workers.contract.spec import JobSpec
-from workers.engine.data.tokenizers import ByteTokenizer
-from workers.engine.distributed import init_world, leave_world
-from workers.engine.hf_export import export_checkpoint
-from workers.engine.local_model import load_local_model
-from workers.engine.trainer import Trainer
-from workers.storage.checkpoints import CheckpointStore
-from workers.storage.layout import CheckpointLocations
 
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
 PROMPT = "Grüße 😀\n"

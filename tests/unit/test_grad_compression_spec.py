@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.contract.planner import plan
-from workers.contract.rates import DEFAULT_RATES, Rates
-from workers.contract.sections import ParallelSpec
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.planner import plan
+from shardline.workers.contract.rates import DEFAULT_RATES, Rates
+from shardline.workers.contract.sections import ParallelSpec
+from shardline.workers.contract.spec import JobSpec
 
 
 def refusal(**parallel: Any) -> str:

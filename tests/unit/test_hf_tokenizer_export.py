@@ -12,10 +12,10 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from workers.contract.data_access import DataAccess, DataAccessDenied
-from workers.contract.spec import JobSpec
-from workers.engine.data.tokenizer_files import write_tokenizer
-from workers.engine.data.tokenizers import ByteTokenizer
+from shardline.workers.contract.data_access import DataAccess, DataAccessDenied
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.tokenizer_files import write_tokenizer
+from shardline.workers.engine.data.tokenizers import ByteTokenizer
 
 
 def _tokenizer_file(folder: Path) -> Path:

@@ -10,19 +10,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.hf_models import save_random_llama
-from workers.contract.data_access import ROOTS_ENV, DataAccessDenied
-from workers.contract.hf_config import shape_from_config
-from workers.engine.generate import Sampling, generate
-from workers.engine.hf_export import write_safetensors
-from workers.engine.hf_weights import load_init_from, to_hf_state
-from workers.engine.models.family import load_family
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer
-from workers.engine.models.llama.state_dict_adapter import (
+from shardline.workers.contract.data_access import ROOTS_ENV, DataAccessDenied
+from shardline.workers.contract.hf_config import shape_from_config
+from shardline.workers.engine.generate import Sampling, generate
+from shardline.workers.engine.hf_export import write_safetensors
+from shardline.workers.engine.hf_weights import load_init_from, to_hf_state
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer
+from shardline.workers.engine.models.llama.state_dict_adapter import (
     halves_to_interleaved,
     interleaved_to_halves,
 )
+from tests.support.hf_models import save_random_llama
 
 LLAMA = load_family("llama")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.ray_runtime import node_cores
-from service.scheduler import Queued, plan_admissions
-from workers.contract.demand import (
+from shardline.service.ray_runtime import node_cores
+from shardline.service.scheduler import Queued, plan_admissions
+from shardline.workers.contract.demand import (
     PROCESS_BYTES,
     TRAINING_BYTES_PER_PARAM,
     cluster_refusal,
@@ -15,7 +15,7 @@ from workers.contract.demand import (
     host_memory,
     job_demand,
 )
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.spec import JobSpec
 
 GIB = float(1 << 30)
 

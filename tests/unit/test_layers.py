@@ -32,54 +32,73 @@ PACKAGES = (
 )
 # The half of the model families that the control plane reads (a config.json when a job
 # is submitted): the registry and each family's config adapter, no torch.
-TORCH_FREE_ENGINE = re.compile(r"^workers\.engine\.models(\.registry|\.\w+\.config)?$")
+TORCH_FREE_ENGINE = re.compile(r"^shardline\.workers\.engine\.models(\.registry|\.\w+\.config)?$")
 # package prefix -> what no module under it may import (a name and everything below it)
 FORBIDDEN = {
-    "workers.contract": (
+    "shardline.workers.contract": (
         "torch",
         "ray",
-        "service",
-        "api",
-        "workers.storage",
-        "workers.runtime",
-        "workers.engine",
+        "shardline.service",
+        "shardline.api",
+        "shardline.workers.storage",
+        "shardline.workers.runtime",
+        "shardline.workers.engine",
     ),
-    "workers.storage": ("torch", "ray", "service", "api", "workers.runtime", "workers.engine"),
-    "workers.engine": ("ray", "service", "api", "workers.runtime"),
-    "workers.runtime": ("service", "api", "sqlalchemy", "fastapi", "httpx", "starlette"),
-    "service": ("workers.engine", "torch", "api"),
+    "shardline.workers.storage": (
+        "torch",
+        "ray",
+        "shardline.service",
+        "shardline.api",
+        "shardline.workers.runtime",
+        "shardline.workers.engine",
+    ),
+    "shardline.workers.engine": (
+        "ray",
+        "shardline.service",
+        "shardline.api",
+        "shardline.workers.runtime",
+    ),
+    "shardline.workers.runtime": (
+        "shardline.service",
+        "shardline.api",
+        "sqlalchemy",
+        "fastapi",
+        "httpx",
+        "starlette",
+    ),
+    "shardline.service": ("shardline.workers.engine", "torch", "shardline.api"),
     # The API process never imports the engine; the CLI's local commands may.
-    "api": ("workers.engine", "torch"),
+    "shardline.api": ("shardline.workers.engine", "torch"),
 }
-ALLOWED = {"api.cli": ("workers.engine", "torch")}
+ALLOWED = {"shardline.api.cli": ("shardline.workers.engine", "torch")}
 # Inside the engine: part -> what it may not import. The model families, the data
 # pipeline and the checkpoint manager are handed what they need; the experimental
 # strategies are named by the core, never imported by it (see below).
 ENGINE_FORBIDDEN = {
-    "workers.engine.models": (
-        "workers.engine.trainer",
-        "workers.engine.data",
-        "workers.engine.checkpoint",
-        "workers.engine.experimental",
+    "shardline.workers.engine.models": (
+        "shardline.workers.engine.trainer",
+        "shardline.workers.engine.data",
+        "shardline.workers.engine.checkpoint",
+        "shardline.workers.engine.experimental",
     ),
-    "workers.engine.data": (
-        "workers.engine.models",
-        "workers.engine.trainer",
-        "workers.engine.checkpoint",
-        "workers.engine.experimental",
+    "shardline.workers.engine.data": (
+        "shardline.workers.engine.models",
+        "shardline.workers.engine.trainer",
+        "shardline.workers.engine.checkpoint",
+        "shardline.workers.engine.experimental",
     ),
-    "workers.engine.checkpoint": (
-        "workers.engine.trainer",
-        "workers.engine.models",
-        "workers.engine.data",
-        "workers.engine.experimental",
-        "workers.engine.dp_strategy",
+    "shardline.workers.engine.checkpoint": (
+        "shardline.workers.engine.trainer",
+        "shardline.workers.engine.models",
+        "shardline.workers.engine.data",
+        "shardline.workers.engine.experimental",
+        "shardline.workers.engine.dp_strategy",
     ),
 }
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = ("shardline", *path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -148,7 +167,7 @@ def test_the_engine_s_parts_import_only_what_they_may() -> None:
 
 
 def test_nothing_outside_experimental_imports_it() -> None:
-    inside = "workers.engine.experimental"
+    inside = "shardline.workers.engine.experimental"
     broken = [
         f"{name} imports {i}"
         for name, imported in GRAPH.items()
@@ -161,13 +180,13 @@ def test_nothing_outside_experimental_imports_it() -> None:
 
 def test_the_torch_free_half_of_the_families_imports_only_the_contract() -> None:
     half = sorted(n for n in GRAPH if TORCH_FREE_ENGINE.match(n))
-    assert "workers.engine.models.llama.config" in half
+    assert "shardline.workers.engine.models.llama.config" in half
     broken = [
         f"{name} imports {i}"
         for name in half
         for i in GRAPH[name]
-        if under(i, "workers")
-        and not under(i, "workers.contract")
+        if under(i, "shardline.workers")
+        and not under(i, "shardline.workers.contract")
         and not TORCH_FREE_ENGINE.match(i)
     ]
     assert broken == []
@@ -197,7 +216,9 @@ def test_contract_storage_and_the_families_configs_load_neither_torch_nor_ray() 
     names = sorted(
         n
         for n in GRAPH
-        if under(n, "workers.contract") or under(n, "workers.storage") or TORCH_FREE_ENGINE.match(n)
+        if under(n, "shardline.workers.contract")
+        or under(n, "shardline.workers.storage")
+        or TORCH_FREE_ENGINE.match(n)
     )
     probe = (
         "import importlib, sys\n"
@@ -208,3 +229,17 @@ def test_contract_storage_and_the_families_configs_load_neither_torch_nor_ray() 
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_nothing_imports_the_folders_by_their_bare_names() -> None:
+    """The wheel installs one package, `shardline`; `import api` would find a user's own
+    `api` module (or nothing) once installed, and works here only because the repository's
+    root is on the path."""
+    bare = ("api", "service", "workers", "migrations")
+    broken = [
+        f"{name} imports {i}"
+        for name, imported in GRAPH.items()
+        for i in imported
+        if any(under(i, b) for b in bare)
+    ]
+    assert broken == []

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.contract.local_sgd import DataParallelMode, is_sync_step
-from workers.contract.memory_model import model_state_bytes
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.local_sgd import DataParallelMode, is_sync_step
+from shardline.workers.contract.memory_model import model_state_bytes
+from shardline.workers.contract.spec import JobSpec
 
 LOCAL_SGD = {"dp": 2, "dp_mode": "local_sgd"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.job_logs import (
+from shardline.service.job_logs import (
     LINE_LIMIT_BYTES,
     READ_LIMIT_BYTES,
     TAIL_LIMIT_BYTES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from service.loop import PeriodicLoop
+from shardline.service.loop import PeriodicLoop
 
 
 class Counting(PeriodicLoop):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workers.engine.loss import IGNORE_INDEX, token_loss
+from shardline.workers.engine.loss import IGNORE_INDEX, token_loss
 
 
 def _batch(rows: int = 8, seq: int = 6, vocab: int = 11) -> tuple[torch.Tensor, torch.Tensor]:

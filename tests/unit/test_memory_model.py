@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from workers.contract.memory_model import (
+from shardline.workers.contract.memory_model import (
     chunk_length,
     model_state_bytes,
     parameter_shapes,
 )
-from workers.contract.sections import ModelSpec, ParallelSpec
+from shardline.workers.contract.sections import ModelSpec, ParallelSpec
 
 
 @pytest.mark.parametrize("preset", ["tiny", "1b", "8b"])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.contract.spec import JobSpec
-from workers.engine.models.family import count_params
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer, flops_per_token
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.models.family import count_params
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer, flops_per_token
 
 
 def tiny_args(**changes: int) -> ModelArgs:

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from workers.contract.hf_config import InitFromError, shape_from_config
-from workers.contract.presets import PRESETS
-from workers.contract.sections import ModelSpec
-from workers.engine.models import registry
-from workers.engine.models.family import load_family
-from workers.engine.models.llama.config import CONFIG as LLAMA_CONFIG
+from shardline.workers.contract.hf_config import InitFromError, shape_from_config
+from shardline.workers.contract.presets import PRESETS
+from shardline.workers.contract.sections import ModelSpec
+from shardline.workers.engine.models import registry
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.llama.config import CONFIG as LLAMA_CONFIG
 
 LLAMA_JSON = {
     "model_type": "llama",
@@ -82,7 +82,7 @@ def test_pipeline_stages_keep_the_first_and_last_parts_where_they_belong() -> No
 def test_reading_a_config_json_loads_no_torch() -> None:
     probe = (
         "import sys\n"
-        "from workers.contract.hf_config import shape_from_config\n"
+        "from shardline.workers.contract.hf_config import shape_from_config\n"
         f"shape_from_config({LLAMA_JSON!r})\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
     )

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.status import WorkerPhase
+from shardline.workers.runtime.joining import wait_for_start
+from shardline.workers.runtime.supervisor.workers import NodeLost
 from tests.unit.test_supervisor_recovery import (
     ScriptedWorkers,
     events,
@@ -17,10 +21,6 @@ from tests.unit.test_supervisor_recovery import (
     status,
     training,
 )
-from workers.contract.lifecycle import JobState
-from workers.contract.status import WorkerPhase
-from workers.runtime.joining import wait_for_start
-from workers.runtime.supervisor.workers import NodeLost
 
 
 def test_a_start_stops_waiting_once_a_node_of_the_placement_is_dead() -> None:
@@ -54,7 +54,7 @@ def test_an_actor_that_died_with_its_node_is_a_lost_node_not_a_failure(
 ) -> None:
     import ray
 
-    import workers.runtime.joining as joining
+    import shardline.workers.runtime.joining as joining
 
     def died(refs: object) -> None:
         raise ray.exceptions.RayActorError()

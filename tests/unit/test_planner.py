@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from workers.contract.cost_model import predict
-from workers.contract.planner import plan
-from workers.contract.rates import DEFAULT_RATES
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.cost_model import predict
+from shardline.workers.contract.planner import plan
+from shardline.workers.contract.rates import DEFAULT_RATES
+from shardline.workers.contract.spec import JobSpec
 
 
 def tiny(**train: object) -> JobSpec:

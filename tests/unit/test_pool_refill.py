@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from workers.contract.spec import JobSpec
-from workers.runtime import group_callbacks
-from workers.runtime.group_callbacks import PoolLending, SnapshotCleanup
-from workers.runtime.spares import PastFirstStep
-from workers.runtime.worker_group import WorkerGroup
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime import group_callbacks
+from shardline.workers.runtime.group_callbacks import PoolLending, SnapshotCleanup
+from shardline.workers.runtime.spares import PastFirstStep
+from shardline.workers.runtime.worker_group import WorkerGroup
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 SPEC = {
     "name": "pooled",

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from workers.runtime import priority
+from shardline.workers.runtime import priority
 
 CHILD = """
 import os, threading
-from workers.runtime import priority
+from shardline.workers.runtime import priority
 os.setpriority(os.PRIO_PROCESS, 0, 15)  # as Ray starts its workers
 assert priority.lower() and priority.thread_nice() == 19
 seen = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from workers.contract.progress import MetricsEntry, ProgressBuffer
-from workers.runtime.supervisor.decisions import FailurePolicy
+from shardline.workers.contract.progress import MetricsEntry, ProgressBuffer
+from shardline.workers.runtime.supervisor.decisions import FailurePolicy
 
 
 def test_readers_resuming_after_n_see_each_entry_once() -> None:

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.contract.events import RESTORED_METRICS, Event, EventKind
-from workers.contract.progress import EventEntry, MetricsEntry
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.relay import ProgressRelay
+from shardline.workers.contract.events import RESTORED_METRICS, Event, EventKind
+from shardline.workers.contract.progress import EventEntry, MetricsEntry
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.relay import ProgressRelay
 
 
 def metrics(step: int) -> dict[str, Any]:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pickle
 
-from workers.contract.events import Event, EventKind
-from workers.contract.progress import CheckpointCommit, CheckpointEntry, ProgressBuffer, StateEntry
-from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.watch import Verdict, judge
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.progress import (
+    CheckpointCommit,
+    CheckpointEntry,
+    ProgressBuffer,
+    StateEntry,
+)
+from shardline.workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.watch import Verdict, judge
 
 # What workers/engine/checkpoint/tier.py hands on_commit for a save that pruned two older ones.
 ENGINE_SUMMARY = {

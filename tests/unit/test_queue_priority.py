@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from service.queue import PriorityRefused, queued_in_order, set_priority
-from service.scheduler import Scheduler
-from service.store import IllegalTransition, JobStore
-from service.users import UserDirectory
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
+from shardline.service.queue import PriorityRefused, queued_in_order, set_priority
+from shardline.service.scheduler import Scheduler
+from shardline.service.store import IllegalTransition, JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
 
 # Each job needs all 8 CPUs of the made-up cluster: only one can be admitted.
 WHOLE_CLUSTER = {"parallel": {"dp": 8}, "train": {"global_batch_size": 16, "micro_batch_size": 2}}

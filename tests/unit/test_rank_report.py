@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from workers.engine.accounting import MEMORY_KINDS
-from workers.engine.metrics import RankReport
-from workers.engine.step_clock import PARTS
+from shardline.workers.engine.accounting import MEMORY_KINDS
+from shardline.workers.engine.metrics import RankReport
+from shardline.workers.engine.step_clock import PARTS
 
 
 def test_a_rank_report_comes_back_from_its_row_by_name() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.rate_limit import TokenBuckets, retry_after_header
+from shardline.api.rate_limit import TokenBuckets, retry_after_header
 from tests.support.clock import Clock
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-import service.ray_runtime as ray_runtime
-from service.config import Settings
-from service.ray_runtime import RayRuntime
+import shardline.service.ray_runtime as ray_runtime
+from shardline.service.config import Settings
+from shardline.service.ray_runtime import RayRuntime
 
 
 class FlakyInit:

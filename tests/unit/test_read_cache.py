@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, moved_on, size_of
-from service.users import UserDirectory
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.read_cache import SMALL_ENTRY_BYTES, ReadCache, commits, moved_on, size_of
+from shardline.service.users import UserDirectory
 from tests.support.clock import Clock
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import text
 
-from api.json_body import json_body
-from api.schemas import JobPublic
-from service.db import Database, load_stored_json
-from service.job_views import JobView, spec_steps
+from shardline.api.json_body import json_body
+from shardline.api.schemas import JobPublic
+from shardline.service.db import Database, load_stored_json
+from shardline.service.job_views import JobView, spec_steps
 
 
 def test_a_reader_inside_a_reader_shares_its_connection(tmp_path: Path) -> None:

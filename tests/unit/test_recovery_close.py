@@ -3,9 +3,9 @@ another rank's step seen before rank 0 said what it restored (polls answer one b
 
 from __future__ import annotations
 
-from workers.contract.events import Event, EventKind
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.recovery import Recoveries
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.recovery import Recoveries
 
 
 def status(rank: int, step: int, events: list[Event] | None = None) -> WorkerStatus:

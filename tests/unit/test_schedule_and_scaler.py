@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from workers.engine.precision import DynamicLossScaler
-from workers.engine.schedule import lr_at
+from shardline.workers.engine.precision import DynamicLossScaler
+from shardline.workers.engine.schedule import lr_at
 
 
 def test_warmup_then_cosine_to_min_lr() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.scheduler import Queued, plan_admissions
-from workers.contract.demand import PROCESS_BYTES, job_demand
-from workers.contract.spec import JobSpec
+from shardline.service.scheduler import Queued, plan_admissions
+from shardline.workers.contract.demand import PROCESS_BYTES, job_demand
+from shardline.workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 8.0, "GPU": 0.0}
 

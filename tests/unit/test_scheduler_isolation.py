@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from service.models import Job
-from service.scheduler import Scheduler
-from service.store import JobStore
-from service.users import UserDirectory
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
+from shardline.service.models import Job
+from shardline.service.scheduler import Scheduler
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
 
 
 def submit(store: JobStore, name: str) -> str:

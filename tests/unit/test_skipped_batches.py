@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.engine.data.loader import BatchLoader
-from workers.runtime.supervisor.decisions import NonFinitePolicy
-from workers.storage.skipped_batches import SkippedBatches, batch_index
+from shardline.workers.engine.data.loader import BatchLoader
+from shardline.workers.runtime.supervisor.decisions import NonFinitePolicy
+from shardline.workers.storage.skipped_batches import SkippedBatches, batch_index
 
 
 def test_without_skips_step_s_trains_batch_s() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from workers.engine.checkpoint.cadence import FIRST_AFTER, FIRST_GUESS, SnapshotCadence
+from shardline.workers.engine.checkpoint.cadence import FIRST_AFTER, FIRST_GUESS, SnapshotCadence
 
 
 def drive(cadence: SnapshotCadence, steps: int, plain_s: float, snapshot_s: float) -> list[int]:

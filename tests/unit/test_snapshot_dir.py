@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from workers.storage.snapshots import private_snapshot_dir
+from shardline.workers.storage.snapshots import private_snapshot_dir
 
 
 def test_the_root_is_made_or_made_again_0700(tmp_path: Path) -> None:

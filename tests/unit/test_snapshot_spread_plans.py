@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from workers.storage.snapshot_spread import (
+from shardline.workers.storage.snapshot_spread import (
     FolderGroups,
     Listing,
     folder_identity,

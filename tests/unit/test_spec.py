@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.contract.spec import JobSpec, describe_errors
+from shardline.workers.contract.spec import JobSpec, describe_errors
 
 
 def spec(**sections: Any) -> JobSpec:

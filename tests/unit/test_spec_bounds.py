@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from service.scheduler import host_memory_refusal
-from workers.contract.spec import JobSpec, describe_errors
-from workers.engine.models.family import count_params
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import Transformer
+from shardline.service.scheduler import host_memory_refusal
+from shardline.workers.contract.spec import JobSpec, describe_errors
+from shardline.workers.engine.models.family import count_params
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import Transformer
 
 
 def spec(**sections: Any) -> JobSpec:

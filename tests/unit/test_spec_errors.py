@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from workers.contract.demand import cluster_refusal
-from workers.contract.spec import JobSpec, describe_errors, load_spec
-from workers.contract.spec_errors import SpecFileError
+from shardline.workers.contract.demand import cluster_refusal
+from shardline.workers.contract.spec import JobSpec, describe_errors, load_spec
+from shardline.workers.contract.spec_errors import SpecFileError
 
 
 def errors_of(body: dict[str, object]) -> list[str]:

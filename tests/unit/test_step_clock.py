@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from workers.engine.step_clock import PARTS, PIPELINE, StepClock
+from shardline.workers.engine.step_clock import PARTS, PIPELINE, StepClock
 
 
 def test_a_disarmed_clock_times_nothing() -> None:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from workers.engine import step_outcome
-from workers.engine.nonfinite import NonFiniteLoss
-from workers.engine.step_outcome import MAX_EVERY, StepLedger, StopVote
+from shardline.workers.engine import step_outcome
+from shardline.workers.engine.nonfinite import NonFiniteLoss
+from shardline.workers.engine.step_outcome import MAX_EVERY, StepLedger, StopVote
 
 CPU = torch.device("cpu")
 

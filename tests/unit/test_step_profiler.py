@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.runtime import profiling
-from workers.runtime.profiling import AlreadyProfiling, StepProfiler, error_file, trace_file
+from shardline.workers.runtime import profiling
+from shardline.workers.runtime.profiling import (
+    AlreadyProfiling,
+    StepProfiler,
+    error_file,
+    trace_file,
+)
 
 
 def train(profiler: StepProfiler, steps: range) -> None:

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-import workers.runtime.supervisor.machine as supervisor_module
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import EventEntry, MetricsEntry, ProgressBuffer, StateEntry
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.decisions import FailurePolicy
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.runtime.supervisor.workers import StartCancelled
-from workers.storage.layout import JobLayout
+import shardline.workers.runtime.supervisor.machine as supervisor_module
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import EventEntry, MetricsEntry, ProgressBuffer, StateEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.decisions import FailurePolicy
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.runtime.supervisor.workers import StartCancelled
+from shardline.workers.storage.layout import JobLayout
 
 
 class FakeWorkers:

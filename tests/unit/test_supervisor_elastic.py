@@ -7,13 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import EventEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerStatus
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.storage.layout import JobLayout
 from tests.unit.test_supervisor import FakeWorkers, no_waiting, status
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import EventEntry
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerStatus
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.storage.layout import JobLayout
 
 __all__ = ["no_waiting"]  # the autouse fixture: no poll interval, no backoff
 

@@ -10,6 +10,12 @@ from typing import Any
 
 import pytest
 
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.runtime.supervisor.workers import InPlaceRefused
+from shardline.workers.storage.layout import JobLayout
 from tests.unit.test_supervisor_recovery import (
     PlacedScriptedWorkers,
     events,
@@ -20,12 +26,6 @@ from tests.unit.test_supervisor_recovery import (
     status,
     training,
 )
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.runtime.supervisor.workers import InPlaceRefused
-from workers.storage.layout import JobLayout
 
 
 class InPlaceScriptedWorkers(PlacedScriptedWorkers):

@@ -9,23 +9,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import workers.runtime.supervisor.machine as supervisor_module
-from workers.contract.events import Event, EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import (
+import shardline.workers.runtime.supervisor.machine as supervisor_module
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import (
     CheckpointCommit,
     CheckpointEntry,
     EventEntry,
     MetricsEntry,
     StateEntry,
 )
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.decisions import Next
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.runtime.supervisor.workers import checkpoint_locations
-from workers.storage.checkpoints import RestoreSource
-from workers.storage.layout import JobLayout
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.decisions import Next
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.runtime.supervisor.workers import checkpoint_locations
+from shardline.workers.storage.checkpoints import RestoreSource
+from shardline.workers.storage.layout import JobLayout
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:

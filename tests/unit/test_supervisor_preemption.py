@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-import workers.runtime.supervisor.machine as supervisor_module
+import shardline.workers.runtime.supervisor.machine as supervisor_module
+from shardline.workers.contract.events import EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.placement.preemption import PreemptionWatch
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
 from tests.unit.test_supervisor_recovery import ScriptedWorkers, events, make, states, status
-from workers.contract.events import EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.placement.preemption import PreemptionWatch
-from workers.runtime.supervisor.machine import JobSupervisor
 
 
 class PlacedScriptedWorkers(ScriptedWorkers):

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-import workers.runtime.supervisor.machine as supervisor_module
-from workers.contract.events import Event, EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import EventEntry, MetricsEntry, StateEntry
-from workers.contract.spec import JobSpec
-from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.runtime.supervisor.workers import FaultRefused
-from workers.storage.layout import JobLayout
-from workers.storage.skipped_batches import SkippedBatches
+import shardline.workers.runtime.supervisor.machine as supervisor_module
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import EventEntry, MetricsEntry, StateEntry
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.runtime.supervisor.workers import FaultRefused
+from shardline.workers.storage.layout import JobLayout
+from shardline.workers.storage.skipped_batches import SkippedBatches
 
 
 def status(rank: int, phase: WorkerPhase, step: int, **extra: Any) -> WorkerStatus:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.db import Database
-from service.migrate import upgrade_to_head
-from service.models import User
-from service.quotas import never_fits_quota
-from service.scheduler import Queued, Scheduler, UserQuota, plan_admissions
-from service.store import JobStore
-from service.users import UserDirectory
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
+from shardline.service.db import Database
+from shardline.service.migrate import upgrade_to_head
+from shardline.service.models import User
+from shardline.service.quotas import never_fits_quota
+from shardline.service.scheduler import Queued, Scheduler, UserQuota, plan_admissions
+from shardline.service.store import JobStore
+from shardline.service.users import UserDirectory
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
 
 TOTAL = {"CPU": 16.0, "GPU": 0.0}
 

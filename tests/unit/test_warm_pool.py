@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.runtime.warm_pool import Idle, Readiness, WarmPool
+from shardline.workers.runtime.warm_pool import Idle, Readiness, WarmPool
 
 
 class FakePool(WarmPool):

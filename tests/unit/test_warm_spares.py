@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from workers.contract.status import WorkerPhase, WorkerStatus
-from workers.runtime.spares import WarmSpares
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.runtime.spares import WarmSpares
 
 
 def training(*steps: int) -> list[WorkerStatus]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from service.read_cache import ReadCache, commits
-from service.write_notices import CHANNEL, PING, TRIGGERS, NotHeard, WriteListener
+from shardline.service.read_cache import ReadCache, commits
+from shardline.service.write_notices import CHANNEL, PING, TRIGGERS, NotHeard, WriteListener
 from tests.support.clock import Clock
 
 

@@ -26,14 +26,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workers.contract.memory_model import FP32, model_state_bytes
-from workers.contract.rates import (
+from shardline.workers.contract.memory_model import FP32, model_state_bytes
+from shardline.workers.contract.rates import (
     INTER,
     INTRA,
     Rates,
 )
-from workers.contract.sections import ActivationCheckpointing, PipelineSchedule, Precision
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.sections import ActivationCheckpointing, PipelineSchedule, Precision
+from shardline.workers.contract.spec import JobSpec
 
 # The vocabulary-parallel loss's collectives per micro-batch (max, sum, target logit),
 # forward and backward, and the embedding's output.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.spec import JobSpec
 
 RESOURCE_NAMES = ("CPU", "GPU", "memory")
 # Admitted against only where the cluster reports it: a cluster that reports no memory

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
-from workers.contract.sections import (
+from shardline.workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
+from shardline.workers.contract.sections import (
     CheckpointSpec,
     FaultToleranceSpec,
     ParallelSpec,

@@ -14,7 +14,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from workers.contract.strict import _Strict
+from shardline.workers.contract.strict import _Strict
 
 POWERSGD_ONLY = ("rank", "warmup_steps")
 

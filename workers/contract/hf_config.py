@@ -15,11 +15,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_errors import InitFromError
-from workers.contract.sections import INIT_FROM
-from workers.contract.spec import JobSpec
-from workers.engine.models.registry import family_config, family_of_model_type, model_types
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_errors import InitFromError
+from shardline.workers.contract.sections import INIT_FROM
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.models.registry import (
+    family_config,
+    family_of_model_type,
+    model_types,
+)
 
 CONFIG = "config.json"
 # Read on the API's request path: a config.json is a few KiB, and a bigger file is not

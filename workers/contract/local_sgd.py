@@ -26,7 +26,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from workers.contract.strict import _Strict
+from shardline.workers.contract.strict import _Strict
 
 
 class DataParallelMode(StrEnum):

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from workers.contract.local_sgd import DataParallelMode
-from workers.contract.sections import ParallelSpec
+from shardline.workers.contract.local_sgd import DataParallelMode
+from shardline.workers.contract.sections import ParallelSpec
 
 FP32 = 4
 ADAM_MOMENTS = 2

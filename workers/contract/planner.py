@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workers.contract.cost_model import Prediction, predict
-from workers.contract.grad_compression import GradCompressionKind
-from workers.contract.rates import DEFAULT_RATES, Rates
-from workers.contract.sections import ActivationCheckpointing, PipelineSchedule
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.cost_model import Prediction, predict
+from shardline.workers.contract.grad_compression import GradCompressionKind
+from shardline.workers.contract.rates import DEFAULT_RATES, Rates
+from shardline.workers.contract.sections import ActivationCheckpointing, PipelineSchedule
+from shardline.workers.contract.spec import JobSpec
 
 # Interleaved 1F1B is offered with two virtual stages per rank: more cut the bubble little
 # and multiply the sends.

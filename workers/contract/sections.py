@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from workers.contract.grad_compression import GradCompression, GradCompressionKind
-from workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
-from workers.contract.presets import PRESETS, ffn_hidden_dim
-from workers.contract.strict import _Strict
+from shardline.workers.contract.grad_compression import GradCompression, GradCompressionKind
+from shardline.workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
+from shardline.workers.contract.presets import PRESETS, ffn_hidden_dim
+from shardline.workers.contract.strict import _Strict
 
 # Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
 # instead of an out-of-memory crash hours later.

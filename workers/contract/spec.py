@@ -15,9 +15,9 @@ from typing import Annotated, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from workers.contract.dp_modes import async_problem, local_sgd_problem
-from workers.contract.grad_compression import GradCompressionKind
-from workers.contract.sections import (
+from shardline.workers.contract.dp_modes import async_problem, local_sgd_problem
+from shardline.workers.contract.grad_compression import GradCompressionKind
+from shardline.workers.contract.sections import (
     INIT_FROM,
     MAX_GLOBAL_BATCH_TOKENS,
     MAX_MICRO_BATCH_TOKENS,
@@ -35,7 +35,7 @@ from workers.contract.sections import (
     TrainSpec,
     _Strict,
 )
-from workers.contract.spec_errors import explain, parse_spec_text
+from shardline.workers.contract.spec_errors import explain, parse_spec_text
 
 
 class JobSpec(_Strict):

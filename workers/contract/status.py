@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from workers.contract.events import Event
-from workers.contract.progress import CheckpointCommit
+from shardline.workers.contract.events import Event
+from shardline.workers.contract.progress import CheckpointCommit
 
 
 class WorkerPhase(StrEnum):

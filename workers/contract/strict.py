@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from workers.contract.scalars import field_kinds, refuse_coercion
+from shardline.workers.contract.scalars import field_kinds, refuse_coercion
 
 
 class _Strict(BaseModel):

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import torch
 
-from workers.contract.memory_model import KINDS
-from workers.engine.dtensor import local_part
-from workers.engine.optimizer import Optimizers
+from shardline.workers.contract.memory_model import KINDS
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.optimizer import Optimizers
 
 # bf16 dense peak FLOP/s per device (vendor datasheets, without sparsity).
 BF16_PEAK_FLOPS = {

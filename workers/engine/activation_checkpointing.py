@@ -15,7 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 
-from workers.contract.sections import ActivationCheckpointing
+from shardline.workers.contract.sections import ActivationCheckpointing
 
 log = logging.getLogger(__name__)
 

@@ -28,15 +28,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workers.contract.cost_model import flops_per_token, micro_batch_activation_bytes
-from workers.contract.net import free_port
-from workers.contract.rates import DEFAULT_RATES, INTER, INTRA, MAX_CALIBRATION_RANKS, Rates
-from workers.contract.spec import JobSpec
-from workers.engine.distributed import init_world, leave_world, pick_device
-from workers.engine.launch import rank_processes
-from workers.engine.models.family import load_family
-from workers.engine.models.registry import family_of
-from workers.engine.precision import AUTOCAST_DTYPES
+from shardline.workers.contract.cost_model import flops_per_token, micro_batch_activation_bytes
+from shardline.workers.contract.net import free_port
+from shardline.workers.contract.rates import (
+    DEFAULT_RATES,
+    INTER,
+    INTRA,
+    MAX_CALIBRATION_RANKS,
+    Rates,
+)
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.distributed import init_world, leave_world, pick_device
+from shardline.workers.engine.launch import rank_processes
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.registry import family_of
+from shardline.workers.engine.precision import AUTOCAST_DTYPES
 
 CALIBRATION_LAYERS = 2
 SMALL, LARGE = 4 << 10, 16 << 20  # all-reduce sizes: latency, then bandwidth
@@ -152,7 +158,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, out: object) -> None:
                 seconds_per_call(partial(dist.all_reduce, tensor), 10, torch.device("cpu"))
             )
         # A training rank's process also holds the engine's modules (FSDP, DCP, pipelining).
-        import workers.engine.warm  # noqa: F401
+        import shardline.workers.engine.warm  # noqa: F401
 
         if rank == 0:  # with its resident set: a rank's runtime, before any model
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.engine.precision import local_grads
+from shardline.workers.engine.precision import local_grads
 
 log = logging.getLogger(__name__)
 

@@ -19,27 +19,27 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.contract.local_sgd import DataParallelMode
-from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.state import OptimizerState, TensorState
-from workers.engine.data.loader import BatchLoader
-from workers.engine.data_parallel import all_reduce_grads
-from workers.engine.grad_compression import GradTraffic
-from workers.engine.optimizer import Optimizers
-from workers.engine.parallel import ParallelDims
-from workers.engine.parts import ModelParts, grad_reduce_dtype
-from workers.engine.step_clock import StepClock
+from shardline.workers.contract.local_sgd import DataParallelMode
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.checkpoint.state import OptimizerState, TensorState
+from shardline.workers.engine.data.loader import BatchLoader
+from shardline.workers.engine.data_parallel import all_reduce_grads
+from shardline.workers.engine.grad_compression import GradTraffic
+from shardline.workers.engine.optimizer import Optimizers
+from shardline.workers.engine.parallel import ParallelDims
+from shardline.workers.engine.parts import ModelParts, grad_reduce_dtype
+from shardline.workers.engine.step_clock import StepClock
 
 if TYPE_CHECKING:
-    from workers.engine.hooks import TrainerHooks
-    from workers.engine.metrics import MetricsProcessor
-    from workers.engine.step_outcome import StopVote
+    from shardline.workers.engine.hooks import TrainerHooks
+    from shardline.workers.engine.metrics import MetricsProcessor
+    from shardline.workers.engine.step_outcome import StopVote
 
 # mode -> "module:Class", imported when a job asks for it.
 STRATEGIES: dict[DataParallelMode, str] = {
-    DataParallelMode.sync: "workers.engine.dp_strategy:SyncStrategy",
-    DataParallelMode.local_sgd: "workers.engine.experimental.local_sgd:LocalSgdStrategy",
-    DataParallelMode.asynchronous: "workers.engine.experimental.async_dp:AsyncStrategy",
+    DataParallelMode.sync: "shardline.workers.engine.dp_strategy:SyncStrategy",
+    DataParallelMode.local_sgd: "shardline.workers.engine.experimental.local_sgd:LocalSgdStrategy",
+    DataParallelMode.asynchronous: "shardline.workers.engine.experimental.async_dp:AsyncStrategy",
 }
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workers.engine.models.family import ModelFamily
+from shardline.workers.engine.models.family import ModelFamily
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
-from workers.engine.dtensor import local_part
-from workers.engine.step_clock import StepClock
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.step_clock import StepClock
 
 
 def settle_partial_grads(params: Iterable[torch.nn.Parameter]) -> None:

@@ -21,9 +21,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.contract.grad_compression import GradCompression, GradCompressionKind
-from workers.engine.dtensor import local_part
-from workers.engine.parallel import ParallelDims
+from shardline.workers.contract.grad_compression import GradCompression, GradCompressionKind
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.parallel import ParallelDims
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ that encodes as the engine's byte codec does), so that
 `transformers.AutoModelForCausalLM.from_pretrained(folder)` and
 `transformers.AutoTokenizer.from_pretrained(folder)` load it with no custom code.
 
-Run as `python -m workers.engine.hf_export CHECKPOINT OUT_DIR` by the API, which must not
+Run as `python -m shardline.workers.engine.hf_export CHECKPOINT OUT_DIR` by the API, which must not
 import torch itself.
 """
 
@@ -28,18 +28,18 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX, TOKENIZER, read_config
-from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.reader import (
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX, TOKENIZER, read_config
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.checkpoint.reader import (
     UnreadableCheckpoint,
     open_checkpoint,
     read_model_state,
 )
-from workers.engine.data.tokenizer_files import byte_codec, write_tokenizer
-from workers.engine.hf_weights import to_hf_state
-from workers.engine.models.family import load_family
-from workers.engine.models.registry import family_of
+from shardline.workers.engine.data.tokenizer_files import byte_codec, write_tokenizer
+from shardline.workers.engine.hf_weights import to_hf_state
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.registry import family_of
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,11 @@ def zip_folder(folder: Path, archive: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workers.engine.hf_export CHECKPOINT OUT_DIR [--zip ARCHIVE]`: prints the
+    """`python -m shardline.workers.engine.hf_export CHECKPOINT OUT_DIR [--zip ARCHIVE]`: prints the
     summary as JSON; exit 2 with the reason on stderr for a checkpoint that cannot be
     exported. `--zip` also stores the folder's files in ARCHIVE and removes the folder
     (the API's export: the whole conversion stays out of the server's process)."""
-    parser = argparse.ArgumentParser(prog="python -m workers.engine.hf_export")
+    parser = argparse.ArgumentParser(prog="python -m shardline.workers.engine.hf_export")
     parser.add_argument("checkpoint")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)

@@ -23,10 +23,10 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX
-from workers.engine.models.family import ModelFamily, StateDictAdapter
-from workers.engine.models.registry import family_of_model_type
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import CONFIG, SAFETENSORS_INDEX
+from shardline.workers.engine.models.family import ModelFamily, StateDictAdapter
+from shardline.workers.engine.models.registry import family_of_model_type
 
 log = logging.getLogger(__name__)
 

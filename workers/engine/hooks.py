@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from workers.contract.events import Event
+from shardline.workers.contract.events import Event
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from workers.contract.spec import JobSpec
-from workers.engine.models.family import FamilyModule, ModelFamily
-from workers.engine.optimizer import model_name
-from workers.engine.random_init import ParameterSource, random_parameters
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.models.family import FamilyModule, ModelFamily
+from shardline.workers.engine.optimizer import model_name
+from shardline.workers.engine.random_init import ParameterSource, random_parameters
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from workers.contract.spec import JobSpec
-from workers.storage.checkpoints import RestoreSource
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.storage.checkpoints import RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,15 @@ def run_rank(
 ) -> None:
     """Body of one rank: join the world, train, report (rank 0), leave."""
     # Imported here so the parent and the spec stay free of torch until a rank starts.
-    from workers.engine.distributed import (
+    from shardline.workers.engine.distributed import (
         abandon_world,
         init_world,
         leave_world,
         limit_cpu_threads,
         pick_device,
     )
-    from workers.engine.hooks import TrainerHooks
-    from workers.engine.trainer import Trainer
+    from shardline.workers.engine.hooks import TrainerHooks
+    from shardline.workers.engine.trainer import Trainer
 
     limit_cpu_threads(local_ranks)
     spec = JobSpec.model_validate_json(spec_json)
@@ -173,7 +173,7 @@ def rank_processes() -> Any:
     once per rank of every run). Nothing there touches a GPU or starts a thread pool, so
     forking it is safe; spawn would import everything again in each rank."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["workers.engine.launch", "workers.engine.warm"])
+    ctx.set_forkserver_preload(["shardline.workers.engine.launch", "shardline.workers.engine.warm"])
     return ctx
 
 
@@ -187,7 +187,7 @@ def train_local(
 ) -> dict[str, Any]:
     """Train `spec` on `nproc` local processes; returns rank 0's summary. `slow` makes one
     of them slower (benches)."""
-    from workers.contract.net import free_port
+    from shardline.workers.contract.net import free_port
 
     spec.check_world_size(nproc)
     ctx = rank_processes()

@@ -11,14 +11,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from workers.contract.hf_config import CONFIG, TOKENIZER, family_of_config
-from workers.contract.spec import JobSpec
-from workers.engine.checkpoint.reader import open_checkpoint, read_model_state
-from workers.engine.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
-from workers.engine.hf_weights import load_init_from
-from workers.engine.models.family import FamilyModule, ModelFamily, load_family
-from workers.engine.models.registry import family_of
-from workers.storage.checkpoints import MANIFEST
+from shardline.workers.contract.hf_config import CONFIG, TOKENIZER, family_of_config
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.checkpoint.reader import open_checkpoint, read_model_state
+from shardline.workers.engine.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from shardline.workers.engine.hf_weights import load_init_from
+from shardline.workers.engine.models.family import FamilyModule, ModelFamily, load_family
+from shardline.workers.engine.models.registry import family_of
+from shardline.workers.storage.checkpoints import MANIFEST
 
 
 @dataclass

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.contract.spec import JobSpec
-from workers.engine.accounting import MEMORY_KINDS, peak_flops
-from workers.engine.parallel import ParallelDims
-from workers.engine.precision import finite_or_none
-from workers.engine.step_clock import PARTS
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.accounting import MEMORY_KINDS, peak_flops
+from shardline.workers.engine.parallel import ParallelDims
+from shardline.workers.engine.precision import finite_or_none
+from shardline.workers.engine.step_clock import PARTS
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.engine.dtensor import local_part
-from workers.engine.zero_one import ZeroOneOptimizer
+from shardline.workers.engine.dtensor import local_part
+from shardline.workers.engine.zero_one import ZeroOneOptimizer
 
 log = logging.getLogger(__name__)
 

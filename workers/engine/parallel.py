@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from workers.contract.sections import ParallelSpec
+from shardline.workers.contract.sections import ParallelSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class ParallelDims:
 
     @property
     def syncs_grads_after_backward(self) -> bool:
-        from workers.engine.data_parallel import syncs_grads_after_backward
+        from shardline.workers.engine.data_parallel import syncs_grads_after_backward
 
         return syncs_grads_after_backward(
             dp=self.dp, zero_stage=self.effective_zero_stage, pp=self.pp, tp=self.tp

@@ -16,16 +16,16 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.contract.grad_compression import GradCompressionKind
-from workers.contract.sections import Precision
-from workers.contract.spec import JobSpec
-from workers.engine.activation_checkpointing import apply_activation_checkpointing
-from workers.engine.compiling import apply_compile
-from workers.engine.data_parallel import apply_data_parallel
-from workers.engine.initialise import materialise, parameter_source
-from workers.engine.models.family import ModelFamily
-from workers.engine.parallel import ParallelDims
-from workers.engine.pipeline import split_model
+from shardline.workers.contract.grad_compression import GradCompressionKind
+from shardline.workers.contract.sections import Precision
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.activation_checkpointing import apply_activation_checkpointing
+from shardline.workers.engine.compiling import apply_compile
+from shardline.workers.engine.data_parallel import apply_data_parallel
+from shardline.workers.engine.initialise import materialise, parameter_source
+from shardline.workers.engine.models.family import ModelFamily
+from shardline.workers.engine.parallel import ParallelDims
+from shardline.workers.engine.pipeline import split_model
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from workers.contract.sections import PipelineSchedule
-from workers.engine.models.family import ModelFamily
+from shardline.workers.contract.sections import PipelineSchedule
+from shardline.workers.engine.models.family import ModelFamily
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.contract.sections import Precision
-from workers.engine.dtensor import local_part
+from shardline.workers.contract.sections import Precision
+from shardline.workers.engine.dtensor import local_part
 
 AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 

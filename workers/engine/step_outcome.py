@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.engine.nonfinite import NonFiniteLoss
+from shardline.workers.engine.nonfinite import NonFiniteLoss
 
 # Asked as a voting step N ends (N given), before the ranks agree: True stops after step N.
 # Only voting steps ask, so a request must stay true once made (a flag, `step >= N`).

@@ -23,31 +23,31 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from workers.contract.spec import JobSpec, Precision, spec_hash
-from workers.engine.accounting import memory_held
-from workers.engine.checkpoint.manager import CheckpointManager
-from workers.engine.checkpoint.state import ModelAndOptimizer, RngState
-from workers.engine.data.loader import Batch, build_loader
-from workers.engine.dp_strategy import strategy_class
-from workers.engine.dtensor import plain
-from workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
-from workers.engine.grad_compression import grad_traffic
-from workers.engine.hf_weights import load_init_from
-from workers.engine.hooks import TrainerHooks
-from workers.engine.loss import loss_context, token_loss
-from workers.engine.metrics import MetricsProcessor, RankReport
-from workers.engine.models.family import load_family
-from workers.engine.models.registry import family_of
-from workers.engine.optimizer import Optimizers
-from workers.engine.parallel import ParallelDims
-from workers.engine.parts import ModelParts, build_model_parts
-from workers.engine.pipeline import build_schedule
-from workers.engine.precision import DynamicLossScaler, autocast
-from workers.engine.schedule import lr_at
-from workers.engine.step_clock import PIPELINE, StepClock
-from workers.engine.step_outcome import SaveRequest, StepLedger, StopRequest, StopVote
-from workers.storage.layout import CheckpointLocations
-from workers.storage.skipped_batches import SkippedBatches
+from shardline.workers.contract.spec import JobSpec, Precision, spec_hash
+from shardline.workers.engine.accounting import memory_held
+from shardline.workers.engine.checkpoint.manager import CheckpointManager
+from shardline.workers.engine.checkpoint.state import ModelAndOptimizer, RngState
+from shardline.workers.engine.data.loader import Batch, build_loader
+from shardline.workers.engine.dp_strategy import strategy_class
+from shardline.workers.engine.dtensor import plain
+from shardline.workers.engine.grad_clip import clip_grad_norm, settle_partial_grads
+from shardline.workers.engine.grad_compression import grad_traffic
+from shardline.workers.engine.hf_weights import load_init_from
+from shardline.workers.engine.hooks import TrainerHooks
+from shardline.workers.engine.loss import loss_context, token_loss
+from shardline.workers.engine.metrics import MetricsProcessor, RankReport
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.registry import family_of
+from shardline.workers.engine.optimizer import Optimizers
+from shardline.workers.engine.parallel import ParallelDims
+from shardline.workers.engine.parts import ModelParts, build_model_parts
+from shardline.workers.engine.pipeline import build_schedule
+from shardline.workers.engine.precision import DynamicLossScaler, autocast
+from shardline.workers.engine.schedule import lr_at
+from shardline.workers.engine.step_clock import PIPELINE, StepClock
+from shardline.workers.engine.step_outcome import SaveRequest, StepLedger, StopRequest, StopVote
+from shardline.workers.storage.layout import CheckpointLocations
+from shardline.workers.storage.skipped_batches import SkippedBatches
 
 log = logging.getLogger(__name__)
 

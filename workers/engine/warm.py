@@ -8,9 +8,9 @@ modules to each rank's start; importing this module loads every family too.
 
 from __future__ import annotations
 
-import workers.engine.trainer  # noqa: F401
-from workers.engine.models.family import load_family
-from workers.engine.models.registry import FAMILIES
+import shardline.workers.engine.trainer  # noqa: F401
+from shardline.workers.engine.models.family import load_family
+from shardline.workers.engine.models.registry import FAMILIES
 
 for _family in FAMILIES:
     load_family(_family)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from workers.engine.dtensor import local_part
+from shardline.workers.engine.dtensor import local_part
 
 log = logging.getLogger(__name__)
 

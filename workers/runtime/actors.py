@@ -9,15 +9,15 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from workers.contract.spec import JobSpec
-from workers.runtime import priority
-from workers.runtime.group_callbacks import PoolLending, SnapshotCleanup, SpareMaking
-from workers.runtime.pooled_worker import PooledWorker
-from workers.runtime.supervisor import JobSupervisor
-from workers.runtime.warm_pool import Idle, WarmPool
-from workers.runtime.worker import TrainingWorker
-from workers.runtime.worker_group import WorkerGroup
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime import priority
+from shardline.workers.runtime.group_callbacks import PoolLending, SnapshotCleanup, SpareMaking
+from shardline.workers.runtime.pooled_worker import PooledWorker
+from shardline.workers.runtime.supervisor import JobSupervisor
+from shardline.workers.runtime.warm_pool import Idle, WarmPool
+from shardline.workers.runtime.worker import TrainingWorker
+from shardline.workers.runtime.worker_group import WorkerGroup
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 __all__ = ["SupervisorActor", "WarmPoolActor", "WorkerActor"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workers.contract.spec import JobSpec
+from shardline.workers.contract.spec import JobSpec
 
 
 def calibrate_here(spec: JobSpec, ranks: int) -> dict[str, Any]:
@@ -15,6 +15,6 @@ def calibrate_here(spec: JobSpec, ranks: int) -> dict[str, Any]:
         # Ray leaves a task without GPUs its node's GPUs visible: measure the CPU, as a
         # CPU job's ranks run (the control plane checks the device it got, too).
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    from workers.engine.calibrate import calibrate  # torch: only on the node
+    from shardline.workers.engine.calibrate import calibrate  # torch: only on the node
 
     return calibrate(spec, ranks).to_json()

@@ -10,10 +10,10 @@ import logging
 
 from ray.experimental import internal_kv
 
-from workers.contract.planner import default_rates, rates_kind
-from workers.contract.rates import Rates
-from workers.contract.spec import JobSpec
-from workers.runtime.names import NAMESPACE
+from shardline.workers.contract.planner import default_rates, rates_kind
+from shardline.workers.contract.rates import Rates
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.names import NAMESPACE
 
 log = logging.getLogger(__name__)
 

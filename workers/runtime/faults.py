@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from workers.contract.faults import FaultKind
+from shardline.workers.contract.faults import FaultKind
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _poison(parameters: Any) -> None:
     the next step's loss is NaN on every rank, as from a real divergence."""
     import torch
 
-    from workers.engine.dtensor import local_part
+    from shardline.workers.engine.dtensor import local_part
 
     with torch.no_grad():
         for p in parameters:

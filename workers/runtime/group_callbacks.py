@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerStatus
-from workers.runtime.pool_lending import adopt_ranks, refill_pool, return_to_pool
-from workers.runtime.snapshot_cleanup import remove_snapshots_on
-from workers.runtime.spares import PastFirstStep, WarmSpares
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerStatus
+from shardline.workers.runtime.pool_lending import adopt_ranks, refill_pool, return_to_pool
+from shardline.workers.runtime.snapshot_cleanup import remove_snapshots_on
+from shardline.workers.runtime.spares import PastFirstStep, WarmSpares
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 
 class WorkerGroup(Protocol):

@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from workers.runtime.supervisor.workers import NodeLost, StartCancelled
+from shardline.workers.runtime.supervisor.workers import NodeLost, StartCancelled
 
 # How often a start that waits for the world to join looks for a cancel.
 START_SLICE_S = 0.5

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from workers.contract.data_access import DataAccess
-from workers.runtime.names import NAMESPACE, WARM_POOL_NAME
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.runtime.names import NAMESPACE, WARM_POOL_NAME
 
 log = logging.getLogger(__name__)
 

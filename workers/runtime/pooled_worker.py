@@ -30,13 +30,13 @@ import sys
 import threading
 from typing import Any
 
-from workers.contract.data_access import DataAccess
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerPhase
-from workers.runtime import priority
-from workers.runtime.rank_process import empty_device_cache
-from workers.runtime.worker import TrainingWorker
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerPhase
+from shardline.workers.runtime import priority
+from shardline.workers.runtime.rank_process import empty_device_cache
+from shardline.workers.runtime.worker import TrainingWorker
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
 
@@ -145,4 +145,4 @@ def _import_engine() -> None:
     """What a rank's start spends its time on, done ahead."""
     import torch  # noqa: F401
 
-    import workers.engine.warm  # noqa: F401
+    import shardline.workers.engine.warm  # noqa: F401

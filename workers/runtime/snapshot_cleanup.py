@@ -8,9 +8,9 @@ import logging
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from workers.runtime.placement.node_health import alive_nodes
-from workers.storage.layout import JobLayout
-from workers.storage.snapshots import remove_snapshot_dir
+from shardline.workers.runtime.placement.node_health import alive_nodes
+from shardline.workers.storage.layout import JobLayout
+from shardline.workers.storage.snapshots import remove_snapshot_dir
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-from workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
 
 log = logging.getLogger(__name__)
 

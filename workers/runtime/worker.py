@@ -15,22 +15,22 @@ import time
 import traceback
 from typing import Any
 
-from workers.contract.events import Event
-from workers.contract.faults import FaultKind
-from workers.contract.progress import CheckpointCommit
-from workers.contract.spec import JobSpec
-from workers.contract.status import (
+from shardline.workers.contract.events import Event
+from shardline.workers.contract.faults import FaultKind
+from shardline.workers.contract.progress import CheckpointCommit
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import (
     NonFiniteStep,
     StepMetrics,
     WorkerPhase,
     WorkerStatus,
 )
-from workers.runtime import priority
-from workers.runtime.faults import ArmedFaults
-from workers.runtime.job_errors import is_deterministic
-from workers.runtime.profiling import StepProfiler
-from workers.runtime.rank_process import empty_device_cache, log_to_file, node_address
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.runtime import priority
+from shardline.workers.runtime.faults import ArmedFaults
+from shardline.workers.runtime.job_errors import is_deterministic
+from shardline.workers.runtime.profiling import StepProfiler
+from shardline.workers.runtime.rank_process import empty_device_cache, log_to_file, node_address
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class TrainingWorker:
         # Ranks share a node's cores: without this each would start one thread per core.
         torch.set_num_threads(max(1, int(cpus)))
         if spare:  # what a rank imports to join and train, ahead, while it has time
-            import workers.engine.warm  # noqa: F401
+            import shardline.workers.engine.warm  # noqa: F401
 
     def foreground(self) -> bool:
         """A warm spare taken by a restart: back to normal priority. Whether it answers."""
@@ -98,7 +98,7 @@ class TrainingWorker:
         """Called on rank 0: this node's address and a free port for the process group."""
         import ray
 
-        from workers.contract.net import free_port
+        from shardline.workers.contract.net import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
@@ -146,10 +146,15 @@ class TrainingWorker:
         self.start(master_addr, master_port, join_timeout_s)
 
     def _run(self, master_addr: str, master_port: int, join_timeout_s: float) -> None:
-        from workers.engine.distributed import abandon_world, init_world, leave_world, pick_device
-        from workers.engine.hooks import TrainerHooks
-        from workers.engine.nonfinite import NonFiniteLoss
-        from workers.engine.trainer import Trainer
+        from shardline.workers.engine.distributed import (
+            abandon_world,
+            init_world,
+            leave_world,
+            pick_device,
+        )
+        from shardline.workers.engine.hooks import TrainerHooks
+        from shardline.workers.engine.nonfinite import NonFiniteLoss
+        from shardline.workers.engine.trainer import Trainer
 
         building, trainer, failed = True, None, False
         try:

@@ -22,16 +22,16 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from workers.contract.demand import bundle_resources, warm_spares_wanted
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerStatus
-from workers.runtime.group_callbacks import WorkerGroupCallback
-from workers.runtime.joining import wait_for_start
-from workers.runtime.names import NAMESPACE, placement_group_name, worker_name
-from workers.runtime.placement.node_health import alive_nodes, free_outside
-from workers.runtime.spares import WarmSpares, kill_and_confirm
-from workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.demand import bundle_resources, warm_spares_wanted
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerStatus
+from shardline.workers.runtime.group_callbacks import WorkerGroupCallback
+from shardline.workers.runtime.joining import wait_for_start
+from shardline.workers.runtime.names import NAMESPACE, placement_group_name, worker_name
+from shardline.workers.runtime.placement.node_health import alive_nodes, free_outside
+from shardline.workers.runtime.spares import WarmSpares, kill_and_confirm
+from shardline.workers.runtime.supervisor.workers import InPlaceRefused, NodeLost
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from workers.storage.checkpoints import CheckpointStore, RestoreSource
-from workers.storage.skipped_batches import SkippedBatches
-from workers.storage.snapshots import default_snapshot_root
+from shardline.workers.storage.checkpoints import CheckpointStore, RestoreSource
+from shardline.workers.storage.skipped_batches import SkippedBatches
+from shardline.workers.storage.snapshots import default_snapshot_root
 
 
 @dataclass(frozen=True)

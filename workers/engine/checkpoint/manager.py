@@ -18,16 +18,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workers.contract.events import RESTORED_METRICS
-from workers.contract.sections import CheckpointSpec
-from workers.engine.checkpoint.cadence import SnapshotCadence
-from workers.engine.checkpoint.memory_tier import MemoryTier
-from workers.engine.checkpoint.state import JsonState, TensorState
-from workers.engine.checkpoint.storage_tier import StorageTier
-from workers.engine.checkpoint.tier import CommitSink, EventSink
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
-from workers.storage.layout import CheckpointLocations
-from workers.storage.snapshots import private_snapshot_dir
+from shardline.workers.contract.events import RESTORED_METRICS
+from shardline.workers.contract.sections import CheckpointSpec
+from shardline.workers.engine.checkpoint.cadence import SnapshotCadence
+from shardline.workers.engine.checkpoint.memory_tier import MemoryTier
+from shardline.workers.engine.checkpoint.state import JsonState, TensorState
+from shardline.workers.engine.checkpoint.storage_tier import StorageTier
+from shardline.workers.engine.checkpoint.tier import CommitSink, EventSink
+from shardline.workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from shardline.workers.storage.layout import CheckpointLocations
+from shardline.workers.storage.snapshots import private_snapshot_dir
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from workers.contract.events import Event
-from workers.engine.checkpoint.cadence import SnapshotCadence
-from workers.engine.checkpoint.spread import SnapshotSpread
-from workers.engine.checkpoint.tier import CheckpointTier, EventSink
-from workers.storage.checkpoints import CheckpointStore
+from shardline.workers.contract.events import Event
+from shardline.workers.engine.checkpoint.cadence import SnapshotCadence
+from shardline.workers.engine.checkpoint.spread import SnapshotSpread
+from shardline.workers.engine.checkpoint.tier import CheckpointTier, EventSink
+from shardline.workers.storage.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from workers.engine.checkpoint.tier import dcp_reader
-from workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
+from shardline.workers.engine.checkpoint.tier import dcp_reader
+from shardline.workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
 
 
 class UnreadableCheckpoint(ValueError):

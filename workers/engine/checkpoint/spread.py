@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 import torch
 import torch.distributed as dist
 
-from workers.contract.events import Event, EventKind
-from workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
-from workers.storage.snapshot_spread import (
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.storage.checkpoints import MANIFEST, CheckpointStore, CommittedCheckpoint
+from shardline.workers.storage.snapshot_spread import (
     FolderGroups,
     Listing,
     Transfer,

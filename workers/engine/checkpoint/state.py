@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from workers.engine.optimizer import Optimizers
+from shardline.workers.engine.optimizer import Optimizers
 
 
 class TensorState(Protocol):

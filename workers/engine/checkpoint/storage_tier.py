@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from workers.contract.events import RESTORED_METRICS, Event, EventKind
-from workers.engine.checkpoint.memory_tier import MemoryTier
-from workers.engine.checkpoint.tier import Candidate, CheckpointTier, dcp_reader
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
-from workers.storage.layout import CheckpointLocations
+from shardline.workers.contract.events import RESTORED_METRICS, Event, EventKind
+from shardline.workers.engine.checkpoint.memory_tier import MemoryTier
+from shardline.workers.engine.checkpoint.tier import Candidate, CheckpointTier, dcp_reader
+from shardline.workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from shardline.workers.storage.layout import CheckpointLocations
 
 
 class StorageTier(CheckpointTier):

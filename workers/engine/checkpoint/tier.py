@@ -28,10 +28,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from workers.contract.events import Event, EventKind
-from workers.engine.checkpoint.spread import SnapshotSpread
-from workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
-from workers.storage.snapshot_spread import Transfer, written_by
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.engine.checkpoint.spread import SnapshotSpread
+from shardline.workers.storage.checkpoints import CheckpointStore, CommittedCheckpoint
+from shardline.workers.storage.snapshot_spread import Transfer, written_by
 
 log = logging.getLogger(__name__)
 

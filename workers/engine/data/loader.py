@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.contract.spec import JobSpec
-from workers.engine.data.sources import load_tokens
-from workers.storage.skipped_batches import batch_index
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.sources import load_tokens
+from shardline.workers.storage.skipped_batches import batch_index
 
 log = logging.getLogger(__name__)
 

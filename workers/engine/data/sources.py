@@ -13,11 +13,15 @@ from typing import BinaryIO
 
 import numpy as np
 
-from workers.contract.data_access import DataAccess
-from workers.contract.sections import DataSource
-from workers.contract.spec import JobSpec
-from workers.engine.data.token_cache import cache_dir, prune_token_cache, token_cache_limit
-from workers.engine.data.tokenizers import Tokenizer, load_tokenizer
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.sections import DataSource
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.token_cache import (
+    cache_dir,
+    prune_token_cache,
+    token_cache_limit,
+)
+from shardline.workers.engine.data.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workers.contract.data_access import DataAccess
-from workers.contract.hf_config import TOKENIZER
-from workers.contract.sections import DataSource
-from workers.contract.spec import JobSpec
-from workers.engine.data.tokenizers import byte_tokenizer_json
+from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.hf_config import TOKENIZER
+from shardline.workers.contract.sections import DataSource
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.tokenizers import byte_tokenizer_json
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Tokenizer files copied from beside the job's tokenizer.json, where they exist.

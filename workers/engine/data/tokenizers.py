@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
-from workers.contract.data_access import DataAccess
+from shardline.workers.contract.data_access import DataAccess
 
 BYTE_VOCAB_SIZE = 256
 

@@ -44,15 +44,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.contract.local_sgd import StalenessPolicy
-from workers.engine.accounting import memory_held
-from workers.engine.checkpoint.state import TensorState
-from workers.engine.dp_strategy import DataParallelStrategy, TrainerView
-from workers.engine.grad_clip import clip_grad_norm
-from workers.engine.metrics import RankReport
-from workers.engine.nonfinite import NonFiniteLoss
-from workers.engine.optimizer import Optimizers, ensure_state, model_name
-from workers.engine.step_outcome import StopVote, agree
+from shardline.workers.contract.local_sgd import StalenessPolicy
+from shardline.workers.engine.accounting import memory_held
+from shardline.workers.engine.checkpoint.state import TensorState
+from shardline.workers.engine.dp_strategy import DataParallelStrategy, TrainerView
+from shardline.workers.engine.grad_clip import clip_grad_norm
+from shardline.workers.engine.metrics import RankReport
+from shardline.workers.engine.nonfinite import NonFiniteLoss
+from shardline.workers.engine.optimizer import Optimizers, ensure_state, model_name
+from shardline.workers.engine.step_outcome import StopVote, agree
 
 log = logging.getLogger(__name__)
 

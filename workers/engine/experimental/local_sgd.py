@@ -23,11 +23,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.contract.local_sgd import DataParallelMode, DeltaDtype, LocalSgd, is_sync_step
-from workers.engine.checkpoint.state import TensorState
-from workers.engine.dp_strategy import DataParallelStrategy, TrainerView
-from workers.engine.grad_compression import GradTraffic
-from workers.engine.optimizer import Optimizers, model_name
+from shardline.workers.contract.local_sgd import (
+    DataParallelMode,
+    DeltaDtype,
+    LocalSgd,
+    is_sync_step,
+)
+from shardline.workers.engine.checkpoint.state import TensorState
+from shardline.workers.engine.dp_strategy import DataParallelStrategy, TrainerView
+from shardline.workers.engine.grad_compression import GradTraffic
+from shardline.workers.engine.optimizer import Optimizers, model_name
 
 log = logging.getLogger(__name__)
 

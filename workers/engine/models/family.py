@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from workers.engine.models.registry import FamilyConfig, package
+from shardline.workers.engine.models.registry import FamilyConfig, package
 
 
 class FamilyModule(Protocol):

@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from workers.contract.presets import PRESETS
-from workers.contract.sections import ModelSpec
+from shardline.workers.contract.presets import PRESETS
+from shardline.workers.contract.sections import ModelSpec
 
 # family name -> its package
 FAMILIES: dict[str, str] = {
-    "llama": "workers.engine.models.llama",
+    "llama": "shardline.workers.engine.models.llama",
 }
 
 

@@ -12,10 +12,10 @@ newest checkpoint or snapshot resharded into the new layout, and its losses cont
 
 from __future__ import annotations
 
-from workers.contract.demand import elastic_min_ranks
-from workers.contract.planner import plan
-from workers.contract.spec import JobSpec
-from workers.runtime.cluster_rates import planning_rates
+from shardline.workers.contract.demand import elastic_min_ranks
+from shardline.workers.contract.planner import plan
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.cluster_rates import planning_rates
 
 
 def replan(full: JobSpec, ranks: int) -> JobSpec | None:

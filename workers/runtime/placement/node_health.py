@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from workers.contract.events import Event, EventKind
+from shardline.workers.contract.events import Event, EventKind
 
 STRIKES_TO_EXCLUDE = 2
 

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from workers.contract.events import Event, EventKind
-from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import describe_layout, next_smaller
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.placement.elastic import describe_layout, next_smaller
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
 - workers: the worker-group protocol it drives
 """
 
-from workers.runtime.supervisor.machine import JobSupervisor
-from workers.runtime.supervisor.workers import FaultRefused, Workers
+from shardline.workers.runtime.supervisor.machine import JobSupervisor
+from shardline.workers.runtime.supervisor.workers import FaultRefused, Workers
 
 __all__ = ["FaultRefused", "JobSupervisor", "Workers"]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.contract.lifecycle import JobState
+from shardline.workers.contract.lifecycle import JobState
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from workers.contract.events import Event, EventKind
-from workers.contract.spec import JobSpec
-from workers.runtime.placement.elastic import describe_layout
-from workers.runtime.placement.reservation import ResizableWorkers
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.placement.elastic import describe_layout
+from shardline.workers.runtime.placement.reservation import ResizableWorkers
 
 # How often a shrunk elastic job looks for the capacity to grow back.
 GROW_CHECK_S = 5.0

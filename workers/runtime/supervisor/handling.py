@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import threading
 
-from workers.contract.events import Event, EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.spec import JobSpec
-from workers.runtime.placement.node_health import NodeHealth, PlacedWorkers
-from workers.runtime.supervisor.decisions import (
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.placement.node_health import NodeHealth, PlacedWorkers
+from shardline.workers.runtime.supervisor.decisions import (
     FailurePolicy,
     Next,
     NonFinitePolicy,
     why_not_in_place,
 )
-from workers.runtime.supervisor.recovery import Recoveries
-from workers.runtime.supervisor.relay import ProgressRelay
-from workers.runtime.supervisor.watch import GroupStatus
-from workers.runtime.supervisor.workers import InPlaceWorkers, Workers
-from workers.storage.layout import JobLayout
+from shardline.workers.runtime.supervisor.recovery import Recoveries
+from shardline.workers.runtime.supervisor.relay import ProgressRelay
+from shardline.workers.runtime.supervisor.watch import GroupStatus
+from shardline.workers.runtime.supervisor.workers import InPlaceWorkers, Workers
+from shardline.workers.storage.layout import JobLayout
 
 
 class FailureHandling:

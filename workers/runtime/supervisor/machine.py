@@ -12,22 +12,22 @@ import logging
 import threading
 import time
 
-from workers.contract.events import Event, EventKind
-from workers.contract.faults import FaultKind
-from workers.contract.lifecycle import TERMINAL, JobState, is_legal
-from workers.contract.progress import ProgressBuffer, ProgressRead
-from workers.contract.spec import JobSpec
-from workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
-from workers.runtime.placement.elastic import describe_layout
-from workers.runtime.placement.reservation import ResizableWorkers, reserve_placement
-from workers.runtime.supervisor.decisions import Next
-from workers.runtime.supervisor.grow import GrowBack
-from workers.runtime.supervisor.handling import FailureHandling
-from workers.runtime.supervisor.preempted import Preemptions
-from workers.runtime.supervisor.recovery import Recovery
-from workers.runtime.supervisor.relay import ProgressRelay
-from workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
-from workers.runtime.supervisor.workers import (
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.faults import FaultKind
+from shardline.workers.contract.lifecycle import TERMINAL, JobState, is_legal
+from shardline.workers.contract.progress import ProgressBuffer, ProgressRead
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import FINISHED, WorkerPhase, WorkerStatus
+from shardline.workers.runtime.placement.elastic import describe_layout
+from shardline.workers.runtime.placement.reservation import ResizableWorkers, reserve_placement
+from shardline.workers.runtime.supervisor.decisions import Next
+from shardline.workers.runtime.supervisor.grow import GrowBack
+from shardline.workers.runtime.supervisor.handling import FailureHandling
+from shardline.workers.runtime.supervisor.preempted import Preemptions
+from shardline.workers.runtime.supervisor.recovery import Recovery
+from shardline.workers.runtime.supervisor.relay import ProgressRelay
+from shardline.workers.runtime.supervisor.watch import GroupStatus, Verdict, judge
+from shardline.workers.runtime.supervisor.workers import (
     FaultRefused,
     InPlaceWorkers,
     NodeLost,
@@ -36,7 +36,7 @@ from workers.runtime.supervisor.workers import (
     WorkersFactory,
     checkpoint_locations,
 )
-from workers.storage.layout import JobLayout
+from shardline.workers.storage.layout import JobLayout
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import math
 import time
 
-from workers.contract.events import Event, EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.status import WorkerStatus
-from workers.runtime.placement.node_health import PlacedWorkers
-from workers.runtime.placement.preemption import Notice, PreemptionWatch
-from workers.runtime.placement.reservation import ELASTIC_WAIT_S
-from workers.runtime.supervisor.decisions import Next
-from workers.runtime.supervisor.recovery import Recoveries
-from workers.runtime.supervisor.relay import ProgressRelay
-from workers.runtime.supervisor.workers import Workers
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.status import WorkerStatus
+from shardline.workers.runtime.placement.node_health import PlacedWorkers
+from shardline.workers.runtime.placement.preemption import Notice, PreemptionWatch
+from shardline.workers.runtime.placement.reservation import ELASTIC_WAIT_S
+from shardline.workers.runtime.supervisor.decisions import Next
+from shardline.workers.runtime.supervisor.recovery import Recoveries
+from shardline.workers.runtime.supervisor.relay import ProgressRelay
+from shardline.workers.runtime.supervisor.workers import Workers
 
 # The least a stop with a checkpoint is given, even past a deadline: a save cut short
 # leaves only the one before it.

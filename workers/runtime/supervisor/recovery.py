@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.contract.events import Event, EventKind
-from workers.contract.status import WorkerPhase, WorkerStatus
+from shardline.workers.contract.events import Event, EventKind
+from shardline.workers.contract.status import WorkerPhase, WorkerStatus
 
 
 @dataclass

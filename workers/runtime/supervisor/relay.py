@@ -9,9 +9,9 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from workers.contract.events import RESTORED_METRICS, Event, EventKind
-from workers.contract.lifecycle import JobState
-from workers.contract.progress import (
+from shardline.workers.contract.events import RESTORED_METRICS, Event, EventKind
+from shardline.workers.contract.lifecycle import JobState
+from shardline.workers.contract.progress import (
     CheckpointEntry,
     EventEntry,
     MetricsEntry,
@@ -19,7 +19,7 @@ from workers.contract.progress import (
     StateEntry,
     SummaryEntry,
 )
-from workers.contract.status import StepMetrics, WorkerStatus
+from shardline.workers.contract.status import StepMetrics, WorkerStatus
 
 log = logging.getLogger(__name__)
 

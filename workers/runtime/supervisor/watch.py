@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
+from shardline.workers.contract.status import NonFiniteStep, WorkerPhase, WorkerStatus
 
 
 class Verdict(StrEnum):

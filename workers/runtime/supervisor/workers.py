@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from workers.contract.demand import snapshots_wanted
-from workers.contract.spec import JobSpec
-from workers.contract.status import WorkerStatus
-from workers.storage.checkpoints import RestoreSource
-from workers.storage.layout import CheckpointLocations, JobLayout
+from shardline.workers.contract.demand import snapshots_wanted
+from shardline.workers.contract.spec import JobSpec
+from shardline.workers.contract.status import WorkerStatus
+from shardline.workers.storage.checkpoints import RestoreSource
+from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
 
 class FaultRefused(RuntimeError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.contract.hf_errors import InitFromError
+from shardline.workers.contract.hf_errors import InitFromError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.models.llama.model import (
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.model import (
     Attention,
     Transformer,
     TransformerBlock,

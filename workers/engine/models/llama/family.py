@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from workers.engine.models.family import ModelFamily, count_params
-from workers.engine.models.llama.config import CONFIG, ModelArgs
-from workers.engine.models.llama.decode import LlamaDecoder
-from workers.engine.models.llama.model import Transformer, flops_per_token, init_std
-from workers.engine.models.llama.parallelize import apply_tensor_parallel
-from workers.engine.models.llama.state_dict_adapter import LlamaStateDictAdapter
+from shardline.workers.engine.models.family import ModelFamily, count_params
+from shardline.workers.engine.models.llama.config import CONFIG, ModelArgs
+from shardline.workers.engine.models.llama.decode import LlamaDecoder
+from shardline.workers.engine.models.llama.model import Transformer, flops_per_token, init_std
+from shardline.workers.engine.models.llama.parallelize import apply_tensor_parallel
+from shardline.workers.engine.models.llama.state_dict_adapter import LlamaStateDictAdapter
 
 FAMILY = ModelFamily(
     config=CONFIG,

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine.models.llama.config import ModelArgs
-from workers.engine.random_init import random_parameters
+from shardline.workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.random_init import random_parameters
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from workers.engine.models.llama.config import ModelArgs
+from shardline.workers.engine.models.llama.config import ModelArgs
 
 _TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
