@@ -75,6 +75,51 @@ def test_the_shape_is_read_from_config_json_and_stored(
 
 
 @pytest.mark.parametrize(
+    ("changes", "family", "read"),
+    [
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 500000.0,
+                    "factor": 32.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                },
+                "tie_word_embeddings": True,
+                "head_dim": 32,
+            },
+            "llama",
+            {"tie_embeddings": True, "head_dim": 32},
+        ),
+        (
+            {"model_type": "qwen2", "tie_word_embeddings": True},
+            "qwen2",
+            {"tie_embeddings": True},
+        ),
+        ({"model_type": "qwen3", "head_dim": 32}, "qwen3", {"head_dim": 32}),
+        ({"model_type": "mistral", "sliding_window": 16}, "mistral", {"sliding_window": 16}),
+    ],
+)
+def test_each_family_s_folder_is_read_into_the_spec(
+    backend: Backend,
+    user_client: Callable[..., Client],
+    changes: dict[str, Any],
+    family: str,
+    read: dict[str, Any],
+) -> None:
+    folder = model_folder(backend, {**LLAMA_CONFIG, **changes})
+    job = user_client().submit({"name": "init", "model": {"init_from": str(folder)}})
+    model = job["spec"]["model"]
+    assert model["family"] == family
+    assert {k: model[k] for k in read} == read
+    if family == "llama":
+        assert model["rope_scaling"]["rope_type"] == "llama3"
+        assert model["rope_scaling"]["factor"] == 32.0
+
+
+@pytest.mark.parametrize(
     ("config", "model", "field"),
     [
         (None, {}, "model.init_from"),  # no config.json
@@ -84,6 +129,17 @@ def test_the_shape_is_read_from_config_json_and_stored(
         (LLAMA_CONFIG, {"n_layers": 2}, "model.n_layers"),
         (LLAMA_CONFIG, {"dim": 128}, "model.dim"),
         (LLAMA_CONFIG, {"vocab_size": 512}, "model.vocab_size"),
+        (LLAMA_CONFIG, {"family": "qwen3"}, "model.family"),
+        (
+            {**LLAMA_CONFIG, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+            {},
+            "model.init_from",
+        ),
+        (
+            {**LLAMA_CONFIG, "model_type": "qwen2", "use_sliding_window": True},
+            {},
+            "model.init_from",
+        ),
     ],
 )
 def test_bad_folders_and_disagreeing_fields_are_refused_by_name(

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from tests.dist.ranks import on_ranks
-from tests.support.hf_models import save_random_llama
+from tests.support.hf_models import save_random_llama, save_random_model
 from shardline.workers.storage.checkpoints import CheckpointStore
 from shardline.workers.storage.layout import CheckpointLocations
 from shardline.workers.contract.data_access import DataAccess
@@ -57,11 +57,13 @@ def _import_forward_save(
     folder: str,
     layout: dict[str, Any],
     checkpoints: str,
+    data: dict[str, Any] | None = None,
 ) -> torch.Tensor | None:
     spec = JobSpec.model_validate(
         {
             "name": "import",
             "model": {"init_from": folder, "seq_len": SEQ},
+            "data": data or {},
             "parallel": layout,
             "train": {"steps": 1, "global_batch_size": 4, "micro_batch_size": 1, "seed": rank},
         }
@@ -75,6 +77,46 @@ def _import_forward_save(
     trainer.save_checkpoint()  # step 0: the imported weights, as the ranks hold them
     with torch.no_grad():
         return _forward(trainer)
+
+
+def _import_and_export(
+    tmp_path: Path, folder: Path, layout: dict[str, Any], data: dict[str, Any] | None = None
+) -> tuple[list[torch.Tensor], Path]:
+    """`folder` imported into `layout` on 4 ranks (the last stage's logits of each rank
+    that has them), and its step-0 checkpoint exported by `shardline export`, as a user
+    runs it."""
+    checkpoints = tmp_path / "checkpoints"
+    results = on_ranks(
+        partial(
+            _import_forward_save,
+            folder=str(folder),
+            layout=layout,
+            checkpoints=str(checkpoints),
+            data=data,
+        ),
+        4,
+    )
+    logits = [r for r in results if r is not None]
+    assert len(logits) == (2 if layout.get("pp") else 4)  # last pipeline stage only
+    ckpt = CheckpointStore(str(checkpoints)).find(0)
+    assert ckpt is not None
+    out = tmp_path / "out"
+    shardline = str(Path(sys.executable).parent / "shardline")
+    done = subprocess.run(
+        [shardline, "export", ckpt.path, str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return logits, out
+
+
+def _assert_same_tensors(folder: Path, out: Path) -> None:
+    exported = load_file(str(out / "model.safetensors"))
+    original: dict[str, torch.Tensor] = {}
+    for part in folder.glob("*.safetensors"):
+        original.update(load_file(str(part)))
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name
 
 
 @pytest.mark.parametrize(
@@ -93,33 +135,69 @@ def test_import_gives_transformers_logits_and_exports_the_same_tensors(
     hf = save_random_llama(folder, max_shard_size="60KB")  # several files and an index
     with torch.no_grad():
         expected = hf(_tokens()).logits
-    checkpoints = tmp_path / "checkpoints"
-    results = on_ranks(
-        partial(
-            _import_forward_save, folder=str(folder), layout=layout, checkpoints=str(checkpoints)
-        ),
-        4,
-    )
-    logits = [r for r in results if r is not None]
-    assert len(logits) == (2 if layout.get("pp") else 4)  # last pipeline stage only
+    logits, out = _import_and_export(tmp_path, folder, layout)
     for got in logits:
         assert float((got - expected).abs().max()) < 1e-4
+    _assert_same_tensors(folder, out)
 
-    ckpt = CheckpointStore(str(checkpoints)).find(0)
-    assert ckpt is not None
-    # `shardline export CHECKPOINT OUT_DIR`, as a user runs it.
-    shardline = str(Path(sys.executable).parent / "shardline")
-    done = subprocess.run(
-        [shardline, "export", ckpt.path, str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=300,
+
+def _bpe_tokenizer(folder: Path) -> Any:
+    """A small byte-level BPE tokenizer.json (under the tiny models' 256 ids) in `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        ["hello shardline world"] * 20,
+        trainers.BpeTrainer(vocab_size=256, initial_alphabet=alphabet),
     )
-    assert done.returncode == 0, done.stderr
-    exported = load_file(str(tmp_path / "out" / "model.safetensors"))
-    original: dict[str, torch.Tensor] = {}
-    for part in folder.glob("*.safetensors"):
-        original.update(load_file(str(part)))
-    assert exported.keys() == original.keys()
-    for name, tensor in original.items():
-        assert torch.equal(exported[name], tensor), name
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+FAMILY_LAYOUTS = {
+    # Both tied: the head read into the last stage's copy, and into the one tensor.
+    "llama": {"tp": 2, "pp": 2},
+    "qwen2": {"dp": 2, "tp": 2, "zero_stage": 3},
+    "qwen3": {"tp": 2, "pp": 2},
+    "mistral": {"tp": 2, "pp": 2},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_LAYOUTS))
+def test_each_family_imports_sharded_and_exports_to_its_own_class(
+    tmp_path: Path, family: str
+) -> None:
+    """A transformers-made model of each family (its switches on: rope scaling, tied
+    embeddings, biases, q/k norms, a sliding window shorter than the batch), imported into
+    a sharded layout, gives transformers' logits; its checkpoint, exported by `shardline
+    export`, loads in transformers as the same class and gives them again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    folder = tmp_path / family
+    hf = save_random_model(family, folder)
+    # The model's own tokenizer beside it, as a downloaded folder has (save_pretrained
+    # wrote generation_config.json too).
+    tokenizer = _bpe_tokenizer(folder)
+    with torch.no_grad():
+        expected = hf(_tokens()).logits
+    logits, out = _import_and_export(
+        tmp_path, folder, FAMILY_LAYOUTS[family], data={"tokenizer": "init_from"}
+    )
+    for got in logits:
+        assert float((got - expected).abs().max()) < 1e-4
+    assert {"generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert GenerationConfig.from_pretrained(out).eos_token_id == hf.generation_config.eos_token_id
+    text = "hello shardline"
+    assert AutoTokenizer.from_pretrained(out).encode(text) == tokenizer.encode(text).ids
+    back = AutoModelForCausalLM.from_pretrained(out).float().eval()
+    assert type(back) is type(hf)
+    assert back.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    with torch.no_grad():
+        again = back(_tokens()).logits
+    assert float((again - expected).abs().max()) < 1e-5
+    _assert_same_tensors(folder, out)

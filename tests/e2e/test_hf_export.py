@@ -22,7 +22,7 @@ from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.data.loader import build_loader
 from shardline.workers.engine.local_model import load_local_model
 from tests.e2e.conftest import Service, wait_for
-from tests.support.hf_models import save_random_llama
+from tests.support.hf_models import save_random_llama, save_random_model
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
@@ -146,3 +146,63 @@ def test_weights_swapped_out_of_the_data_roots_after_submit_fail_the_job(
     reason = ended["failure_reason"]
     assert "model.init_from" in reason and "outside the data roots" in reason, reason
     assert str(tmp_path) not in reason.replace(str(folder), "")  # no server roots shown
+
+
+FINE_TUNES = {
+    # A Llama 3.1-style folder (llama3 rope scaling, tied embeddings, its own head_dim),
+    # a Qwen2 with tied embeddings and q/k/v biases, a Qwen3 with q/k norms.
+    "llama": {"tp": 2},
+    "qwen2": {"dp": 2, "zero_stage": 3},
+    "qwen3": {"pp": 2},
+}
+
+
+def test_each_family_is_fine_tuned_through_the_service_and_exported(
+    service: ServiceFactory, tmp_path: Path
+) -> None:
+    starts = {f: save_random_model(f, tmp_path / f, seed=2) for f in FINE_TUNES}
+    with service() as svc, svc.running() as server, svc.client(server) as client:
+        jobs = {
+            f: client.submit(
+                {
+                    "name": f"tune-{f}",
+                    "model": {"init_from": str(tmp_path / f), "seq_len": 32},
+                    "parallel": layout,
+                    "train": {
+                        "steps": 6,
+                        "global_batch_size": 4,
+                        "micro_batch_size": 1,
+                        "lr": 3e-3,
+                        "log_every": 1,
+                        "seed": 3,
+                    },
+                }
+            )
+            for f, layout in FINE_TUNES.items()
+        }
+        env = {**os.environ, "SHARDLINE_URL": server.url, "SHARDLINE_TOKEN": svc.token}
+        checkpoints = {}
+        for family, job in jobs.items():
+            spec = JobSpec.model_validate(job["spec"])
+            assert spec.model.family == family  # from config.json's model_type
+            ended = client.wait(job["id"], timeout=600)
+            assert ended["state"] == "SUCCEEDED", ended
+            step_one = client.metrics(job["id"])[0]
+            assert step_one["loss"] == pytest.approx(
+                first_batch_loss(starts[family], spec), rel=1e-4
+            ), family
+            done = cli("export", "--job", job["id"], str(tmp_path / f"out-{family}"), env=env)
+            assert done.returncode == 0, done.stderr
+            relative = client.checkpoints(job["id"])[0]["path"]
+            checkpoints[family] = svc.settings.job_layout(job["id"]).dir / relative
+
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    for family, start in starts.items():
+        out = tmp_path / f"out-{family}"
+        exported = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+        assert type(exported) is type(start), family
+        assert exported.config.tie_word_embeddings == start.config.tie_word_embeddings
+        ours = load_local_model(checkpoints[family], torch.device("cpu")).model.eval()
+        with torch.no_grad():
+            assert float((exported(tokens).logits - ours(tokens)).abs().max()) < 1e-4, family
+            assert float((start(tokens).logits - ours(tokens)).abs().max()) > 1e-3, family

@@ -96,3 +96,30 @@ def test_a_tokenizer_outside_the_data_roots_is_not_copied(tmp_path: Path) -> Non
     roots = DataAccess.of([tmp_path / "data"], [])
     with pytest.raises(DataAccessDenied, match=r"data\.tokenizer"):
         write_tokenizer(_spec(str(path)), tmp_path, roots)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_the_chat_template_that_came_in_goes_out(tmp_path: Path, where: str) -> None:
+    """transformers keeps a chat template in tokenizer_config.json (4.x) or in
+    chat_template.jinja (recent): either way the export's AutoTokenizer renders it."""
+    path = _tokenizer_file(tmp_path / "tok")
+    side: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if where == "tokenizer_config.json":
+        side["chat_template"] = CHAT_TEMPLATE
+    else:
+        (tmp_path / "tok" / where).write_text(CHAT_TEMPLATE)
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(side))
+    out = tmp_path / "out"
+    out.mkdir()
+    written = write_tokenizer(_spec(str(path)), out, DataAccess())
+    assert where in written
+    auto = transformers.AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "user", "content": "hello"}]
+    rendered = auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|user|>hello\n<|assistant|>"

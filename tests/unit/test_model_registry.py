@@ -48,6 +48,9 @@ def test_a_config_json_is_read_by_the_family_its_model_type_names() -> None:
         "ffn_dim": 160,
         "norm_eps": 1e-5,
         "rope_theta": 500000.0,
+        "tie_embeddings": False,
+        "rope_scaling": None,
+        "sliding_window": None,
     }
     with pytest.raises(InitFromError, match="the model types that load are 'llama'"):
         shape_from_config({**LLAMA_JSON, "model_type": "gpt2"})

@@ -32,6 +32,11 @@ def test_defaults_are_valid_and_resolve_the_tiny_preset() -> None:
         "vocab_size": 256,
         "seq_len": 128,
         "ffn_dim": 352,
+        "head_dim": 32,
+        "tie_embeddings": False,
+        # What the Llama family fixes: no biases on q/k/v, no norms on q/k.
+        "qkv_bias": False,
+        "qk_norm": False,
     }
     assert s.parallel.world_size == 1 and s.accumulation_steps == 4
 

@@ -53,13 +53,19 @@ class Prediction:
 
 
 def flops_per_token(resolved: dict[str, Any]) -> int:
-    """The engine's count (workers/engine/model.py): 6 x parameters without the embedding,
-    plus 12 x layers x dim x seq_len for attention."""
+    """The engine's count (workers/engine/models/llama/model.py): 6 x the parameters of
+    every matmul (the output head's too, tied or not), plus 12 x layers x the attention
+    width x seq_len for the scores and the weighted sum."""
     dim, layers = resolved["dim"], resolved["n_layers"]
-    kv_dim = resolved["n_kv_heads"] * (dim // resolved["n_heads"])
-    per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * resolved["ffn_dim"] + 2 * dim
+    head_dim = resolved.get("head_dim") or dim // resolved["n_heads"]
+    q_dim, kv_dim = resolved["n_heads"] * head_dim, resolved["n_kv_heads"] * head_dim
+    per_layer = 2 * dim * q_dim + 2 * dim * kv_dim + 3 * dim * resolved["ffn_dim"] + 2 * dim
+    if resolved.get("qkv_bias"):
+        per_layer += q_dim + 2 * kv_dim
+    if resolved.get("qk_norm"):
+        per_layer += 2 * head_dim
     no_embedding = layers * per_layer + dim + resolved["vocab_size"] * dim
-    return 6 * no_embedding + 12 * layers * dim * resolved["seq_len"]
+    return 6 * no_embedding + 12 * layers * q_dim * resolved["seq_len"]
 
 
 RECOMPUTE = {  # forward passes run again in backward: a forward is a third of a step
@@ -74,12 +80,12 @@ def _activation_bytes(spec: JobSpec) -> float:
     r = spec.model.resolved()
     par = spec.parallel
     dim, ffn = r["dim"], r["ffn_dim"]
-    kv_dim = r["n_kv_heads"] * (dim // r["n_heads"])
+    q_dim, kv_dim = r["n_heads"] * r["head_dim"], r["n_kv_heads"] * r["head_dim"]
     element = FP32 if spec.precision == Precision.fp32 else 2
     # Norm inputs and outputs and the residuals stay whole over tp unless sequence parallel;
     # attention and MLP insides are cut by tp.
     whole = 4 * dim / (par.tp if par.sequence_parallel else 1)
-    cut = (3 * dim + 2 * kv_dim + 4 * ffn) / par.tp
+    cut = (dim + 2 * q_dim + 2 * kv_dim + 4 * ffn) / par.tp
     full = (whole + cut) * element
     kept = dim * element  # a checkpointed block keeps its input only
     ac = spec.train.activation_checkpointing

@@ -79,6 +79,10 @@ def shape_from_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _agrees(given: Any, value: Any) -> bool:
+    if isinstance(given, dict) and isinstance(value, dict):
+        return given.keys() == value.keys() and all(_agrees(given[k], value[k]) for k in given)
+    if isinstance(given, bool) or isinstance(value, bool) or given is None or value is None:
+        return bool(given == value)
     if isinstance(given, float) or isinstance(value, float):
         return math.isclose(float(given), float(value), rel_tol=1e-9)
     return bool(given == value)
@@ -95,13 +99,24 @@ def resolve_init_from(spec: JobSpec, access: DataAccess) -> JobSpec:
         return spec
     folder = Path(spec.model.init_from)
     config = read_config(folder, access)
-    adapter = family_config(family_of_config(config))
+    family = family_of_config(config)
+    adapter = family_config(family)
     shape = adapter.shape_from_hf(config)
     if not any(folder.glob("*.safetensors")):
         raise InitFromError("model.init_from", f"{folder} holds no *.safetensors weights")
     data = spec.model_dump(mode="json")
+    if spec.model.family is not None and spec.model.family != family:
+        raise InitFromError(
+            "model.family",
+            f"{spec.model.family!r} disagrees with {folder}/{CONFIG} "
+            f"(model_type={config.get('model_type')!r}: the {family} family); remove "
+            "model.family",
+        )
+    data["model"]["family"] = family
     for field, value in shape.items():
         given = data["model"].get(field)
+        if field == "tie_embeddings" and given is False:
+            continue  # untying is allowed: the head starts as the embedding, trained apart
         if given is not None and not _agrees(given, value):
             key = next((k for k, f in adapter.shape_keys.items() if f == field), field)
             raise InitFromError(

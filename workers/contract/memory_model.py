@@ -1,6 +1,8 @@
 """Bytes of model state a rank holds, predicted from the spec alone (no torch).
 
-What the engine builds, parameter by parameter: the Llama shapes of `ModelSpec.resolved()`,
+What the engine builds, parameter by parameter: the Llama-like shapes of
+`ModelSpec.resolved()` (with the family's q/k/v biases and q/k norms, and one tensor for
+tied embeddings),
 cut into pipeline stages (contiguous layers; the embedding on the first stage, the final
 norm and head on the last), sharded by tensor parallelism (colwise linears and the
 embedding on their first dimension, rowwise linears on their second, norms whole), then by
@@ -47,7 +49,7 @@ class ParamShape:
 def parameter_shapes(resolved: dict[str, Any]) -> list[ParamShape]:
     """Every parameter of the model, as `ModelSpec.resolved()` describes it."""
     dim, vocab, ffn = resolved["dim"], resolved["vocab_size"], resolved["ffn_dim"]
-    head_dim = dim // resolved["n_heads"]
+    head_dim = resolved.get("head_dim") or dim // resolved["n_heads"]
     q_dim, kv_dim = resolved["n_heads"] * head_dim, resolved["n_kv_heads"] * head_dim
     shapes = [ParamShape("tok_embeddings.weight", (vocab, dim), 0, "first")]
     for i in range(resolved["n_layers"]):
@@ -63,19 +65,42 @@ def parameter_shapes(resolved: dict[str, Any]) -> list[ParamShape]:
             ParamShape(p + "feed_forward.w3.weight", (ffn, dim), 0, i),
             ParamShape(p + "feed_forward.w2.weight", (dim, ffn), 1, i),
         ]
-    shapes += [
-        ParamShape("norm.weight", (dim,), None, "last"),
-        ParamShape("output.weight", (vocab, dim), 0, "last"),
-    ]
+        if resolved.get("qkv_bias"):
+            shapes += [
+                ParamShape(p + "attention.wq.bias", (q_dim,), 0, i),
+                ParamShape(p + "attention.wk.bias", (kv_dim,), 0, i),
+                ParamShape(p + "attention.wv.bias", (kv_dim,), 0, i),
+            ]
+        if resolved.get("qk_norm"):
+            shapes += [
+                ParamShape(p + "attention.q_norm.weight", (head_dim,), None, i),
+                ParamShape(p + "attention.k_norm.weight", (head_dim,), None, i),
+            ]
+    shapes.append(ParamShape("norm.weight", (dim,), None, "last"))
+    if not resolved.get("tie_embeddings"):
+        shapes.append(ParamShape("output.weight", (vocab, dim), 0, "last"))
     return shapes
 
 
+# The fields of `ModelSpec.resolved()` one layer's and the ends' shapes depend on.
+SHAPE_FIELDS = (
+    "dim",
+    "n_heads",
+    "n_kv_heads",
+    "vocab_size",
+    "ffn_dim",
+    "head_dim",
+    "qkv_bias",
+    "qk_norm",
+    "tie_embeddings",
+)
+
+
 @functools.lru_cache(maxsize=64)
-def _one_layer_and_ends(dims: tuple[int, ...]) -> tuple[ParamShape, ...]:
+def _one_layer_and_ends(dims: tuple[Any, ...]) -> tuple[ParamShape, ...]:
     """The ends and layer 0 (every layer has its shapes): a planner asks thousands of
     times for one model."""
-    names = ("dim", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim")
-    shapes = parameter_shapes({**dict(zip(names, dims, strict=True)), "n_layers": 1})
+    shapes = parameter_shapes({**dict(zip(SHAPE_FIELDS, dims, strict=True)), "n_layers": 1})
     return tuple(shapes)
 
 
@@ -125,9 +150,10 @@ def model_state_bytes(resolved: dict[str, Any], parallel: ParallelSpec) -> dict[
     Every pipeline rank holds as many layers (n_layers / pp); the first also holds the
     embedding and the last the final norm and head, so those two bound the rest.
     """
-    shapes = _one_layer_and_ends(
-        tuple(resolved[k] for k in ("dim", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim"))
-    )
+    if parallel.pp > 1:
+        # A tied head on the last stage is a copy of the first stage's embedding.
+        resolved = {**resolved, "tie_embeddings": False}
+    shapes = _one_layer_and_ends(tuple(resolved.get(k) for k in SHAPE_FIELDS))
     layer = [_tensor_state(p, parallel) for p in shapes if p.where == 0]
     first = [_tensor_state(p, parallel) for p in shapes if p.where == "first"]
     last = [_tensor_state(p, parallel) for p in shapes if p.where == "last"]

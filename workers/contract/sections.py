@@ -16,6 +16,7 @@ from shardline.workers.contract.grad_compression import GradCompression, GradCom
 from shardline.workers.contract.local_sgd import DataParallelMode, LocalSgd, StalenessPolicy
 from shardline.workers.contract.presets import PRESETS, ffn_hidden_dim
 from shardline.workers.contract.strict import _Strict
+from shardline.workers.engine.models.registry import FAMILIES, family_config
 
 # Upper bounds keep absurd requests (a typo's extra zeros) out with a clear message
 # instead of an out-of-memory crash hours later.
@@ -54,10 +55,48 @@ class ActivationCheckpointing(StrEnum):
     selective = "selective"
 
 
+class RopeScaling(_Strict):
+    """Rotary frequencies stretched for a longer context, as transformers computes them:
+    `llama3` (Llama 3.1-3.3: low frequencies divided by `factor`, high ones kept, those
+    between blended) or `linear` (every position divided by `factor`)."""
+
+    rope_type: Literal["llama3", "linear"]
+    factor: Annotated[float, Field(gt=0.0, le=1024.0)]
+    low_freq_factor: Annotated[float, Field(gt=0.0)] | None = None
+    high_freq_factor: Annotated[float, Field(gt=0.0)] | None = None
+    original_max_position_embeddings: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        given = [k for k in llama3 if getattr(self, k) is not None]
+        if self.rope_type == "llama3" and len(given) < len(llama3):
+            missing = ", ".join(f"model.rope_scaling.{k}" for k in llama3 if k not in given)
+            raise ValueError(f"model.rope_scaling.rope_type='llama3' needs {missing}")
+        if self.rope_type == "linear" and given:
+            raise ValueError(
+                f"model.rope_scaling.{given[0]} applies to rope_type 'llama3' only; remove it"
+            )
+        if (
+            self.rope_type == "llama3"
+            and self.high_freq_factor is not None
+            and self.low_freq_factor is not None
+            and self.high_freq_factor <= self.low_freq_factor
+        ):
+            raise ValueError(
+                "model.rope_scaling.high_freq_factor must be above low_freq_factor "
+                f"({self.high_freq_factor} <= {self.low_freq_factor})"
+            )
+        return self
+
+
 class ModelSpec(_Strict):
     """A preset, with any field overriding it."""
 
     preset: str = "tiny"
+    # The model family (workers/engine/models/registry.py); None: the preset's. Set from
+    # init_from's config.json when a job is submitted.
+    family: str | None = None
     dim: Annotated[int, Field(ge=8, le=65536)] | None = None
     n_layers: Annotated[int, Field(ge=1, le=1024)] | None = None
     n_heads: Annotated[int, Field(ge=1, le=1024)] | None = None
@@ -68,8 +107,16 @@ class ModelSpec(_Strict):
     ffn_dim: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
     norm_eps: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     rope_theta: Annotated[float, Field(gt=0.0, le=1e12)] | None = None
-    # A Hugging Face Llama folder (config.json + *.safetensors) to start from; the shape
-    # is read from its config.json (workers/contract/hf_config.py) when the job is submitted.
+    # Channels per attention head; None: dim / n_heads (Qwen3 and Mistral Nemo differ).
+    head_dim: Annotated[int, Field(ge=2, le=4096)] | None = None
+    # The output head is the token embedding (one tensor, trained once); None: the preset's.
+    tie_embeddings: bool | None = None
+    rope_scaling: RopeScaling | None = None
+    # Each position attends to at most this many (itself included); None: all before it.
+    sliding_window: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    # A Hugging Face folder (config.json + *.safetensors) to start from; the family and
+    # shape are read from its config.json (workers/contract/hf_config.py) when the job is
+    # submitted.
     init_from: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
 
     @model_validator(mode="after")
@@ -78,14 +125,20 @@ class ModelSpec(_Strict):
             raise ValueError(
                 f"model.preset={self.preset!r} is unknown; choose one of {', '.join(PRESETS)}"
             )
-        r = self.resolved()
-        if r["dim"] % r["n_heads"]:
+        if self.family is not None and self.family not in FAMILIES:
             raise ValueError(
-                f"model.dim={r['dim']} is not divisible by model.n_heads={r['n_heads']}"
+                f"model.family={self.family!r} is unknown; choose one of {', '.join(FAMILIES)}"
             )
-        if (r["dim"] // r["n_heads"]) % 2:
+        r = self.resolved()
+        if self.head_dim is None and r["dim"] % r["n_heads"]:
             raise ValueError(
-                f"model.dim / model.n_heads = {r['dim'] // r['n_heads']} must be even "
+                f"model.dim={r['dim']} is not divisible by model.n_heads={r['n_heads']}; "
+                "change one, or give model.head_dim"
+            )
+        if r["head_dim"] % 2:
+            what = "model.head_dim" if self.head_dim else "model.dim / model.n_heads"
+            raise ValueError(
+                f"{what} = {r['head_dim']} must be even "
                 "(rotary embeddings rotate pairs of channels)"
             )
         if r["n_kv_heads"] > r["n_heads"] or r["n_heads"] % r["n_kv_heads"]:
@@ -94,31 +147,59 @@ class ModelSpec(_Strict):
             )
         return self
 
+    @property
+    def family_name(self) -> str:
+        """The family this model builds: `family`, or its preset's."""
+        return self.family or PRESETS[self.preset].family
+
     def resolved(self) -> dict[str, Any]:
-        """The preset's values with this spec's overrides applied, plus the MLP width."""
+        """Everything the model's shape needs (the family's args): the preset's values
+        with this spec's overrides applied, the MLP width, and what the family fixes
+        (biases on q/k/v, norms on q/k)."""
         preset = PRESETS[self.preset]
         out: dict[str, Any] = {}
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"):
             value = getattr(self, name)
             out[name] = getattr(preset, name) if value is None else value
-        out["ffn_dim"] = self.ffn_dim or ffn_hidden_dim(
-            out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of
+        out["ffn_dim"] = (
+            self.ffn_dim
+            or preset.ffn_dim
+            or ffn_hidden_dim(out["dim"], preset.ffn_multiplier, preset.ffn_multiple_of)
         )
-        # Only where given (init_from): otherwise ModelArgs' defaults apply.
+        out["head_dim"] = self.head_dim or preset.head_dim or out["dim"] // out["n_heads"]
+        # Only where given (init_from, a preset): otherwise the args' defaults apply.
         for name in ("norm_eps", "rope_theta"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+            value = getattr(self, name)
+            if value is None:
+                value = getattr(preset, name)
+            if value is not None:
+                out[name] = value
+        tie = self.tie_embeddings
+        out["tie_embeddings"] = preset.tie_embeddings if tie is None else tie
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling.model_dump()
+        elif preset.rope_scaling is not None:
+            out["rope_scaling"] = dict(preset.rope_scaling)
+        if self.sliding_window is not None:
+            out["sliding_window"] = self.sliding_window
+        out.update(family_config(self.family_name).fixed_args)
         return out
 
     def parameter_count(self) -> int:
-        """Parameters of the model (untied input and output embeddings, as the engine
-        builds it)."""
+        """Parameters of the model as the engine builds it (one tensor for tied
+        embeddings)."""
         r = self.resolved()
-        kv_dim = r["n_kv_heads"] * (r["dim"] // r["n_heads"])
-        attention = 2 * r["dim"] * r["dim"] + 2 * r["dim"] * kv_dim
+        q_dim = r["n_heads"] * r["head_dim"]
+        kv_dim = r["n_kv_heads"] * r["head_dim"]
+        attention = 2 * r["dim"] * q_dim + 2 * r["dim"] * kv_dim
+        if r.get("qkv_bias"):
+            attention += q_dim + 2 * kv_dim
+        if r.get("qk_norm"):
+            attention += 2 * r["head_dim"]
         mlp = 3 * r["dim"] * r["ffn_dim"]
         per_layer = attention + mlp + 2 * r["dim"]
-        return 2 * r["vocab_size"] * r["dim"] + r["n_layers"] * per_layer + r["dim"]
+        embeddings = (1 if r["tie_embeddings"] else 2) * r["vocab_size"] * r["dim"]
+        return embeddings + r["n_layers"] * per_layer + r["dim"]
 
 
 class DataSpec(_Strict):

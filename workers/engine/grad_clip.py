@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 import torch.distributed as dist
@@ -80,19 +80,29 @@ def clip_grad_norm(
     stage_ranks: int,
     clock: StepClock | None = None,
     over_world: bool = True,
+    not_counted: Collection[torch.nn.Parameter] = (),
 ) -> float:
     """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm.
 
     `stage_ranks` is dp x tp: the ranks that share one pipeline stage. Call
     `settle_partial_grads` first. Without `over_world` the norm is this rank's own (a
-    local SGD replica clips its own gradients; `stage_ranks` is then 1).
+    local SGD replica clips its own gradients; `stage_ranks` is then 1). `not_counted`
+    are clipped but left out of the norm: a second copy of a tensor another stage holds
+    (a tied head under pipeline parallelism).
     """
     clock = clock or StepClock(torch.device("cpu"))  # disarmed: times nothing
     with clock.part("compute"):
+        params = list(params)
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return 0.0
-        local = _squared_norm(grads, stage_ranks)
+        skip = {id(p) for p in not_counted}
+        counted = [p.grad for p in params if p.grad is not None and id(p) not in skip]
+        local = (
+            _squared_norm(counted, stage_ranks)
+            if counted
+            else torch.zeros((), dtype=torch.float64, device=grads[0].device)
+        )
     with clock.part("comm"):  # the reduction, and the host waiting for its result
         if over_world and dist.is_initialized():
             dist.all_reduce(local)

@@ -97,6 +97,27 @@ def _special_tokens(spec: JobSpec, access: DataAccess) -> tuple[int | None, int 
     return (bos if isinstance(bos, int) else None), (eos if isinstance(eos, int) else None)
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _copy_generation_config(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
+    """The generation settings of the model the job started from (eos ids, sampling
+    defaults), so the export generates as it did; none for the byte codec, whose ids
+    name no special tokens."""
+    if spec.model.init_from is None or byte_codec(spec):
+        return []
+    source = Path(spec.model.init_from) / GENERATION_CONFIG
+    if not source.is_file():
+        return []
+    try:
+        with access.open(source, "model.init_from") as handle:
+            (out / GENERATION_CONFIG).write_bytes(handle.read())
+    except (PermissionError, OSError) as err:
+        log.warning("cannot copy %s (%s); exporting without it", source, err)
+        return []
+    return [GENERATION_CONFIG]
+
+
 def export_checkpoint(
     path: str,
     out: Path,
@@ -131,6 +152,7 @@ def export_checkpoint(
     (out / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
     files = [CONFIG, *write_safetensors(tensors, out, max_shard_bytes)]
     files += write_tokenizer(spec, out, access)
+    files += _copy_generation_config(spec, out, access)
     total = sum((out / f).stat().st_size for f in files)
     log.info("exported checkpoint step %d to %s (%d files)", ckpt.step, out, len(files))
     return {"step": ckpt.step, "files": files, "bytes": total}

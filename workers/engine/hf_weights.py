@@ -36,8 +36,15 @@ def to_hf_state(
 ) -> dict[str, torch.Tensor]:
     """Whole tensors by this model's names -> Hugging Face names and layout."""
     return {
-        adapter.to_hf_name(name): adapter.to_hf(name, t).contiguous() for name, t in state.items()
+        adapter.to_hf_name(name): adapter.to_hf(name, t).contiguous()
+        for name, t in state.items()
+        if name not in adapter.not_written
     }
+
+
+# The fields whose change after submit would make the weights not fit (the others, such as
+# rope_theta, change what the model computes, not what it holds).
+SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim", "head_dim")
 
 
 # -- import: fill each rank's shards from the safetensors files ----------------------------
@@ -95,7 +102,7 @@ def load_init_from(modules: list[nn.Module], folder: Path, family: ModelFamily, 
     shape = family.config.shape_from_hf(config)
     adapter = family.state_dict_adapter(args)
     for field, value in shape.items():
-        if getattr(args, field) != value and field not in ("norm_eps", "rope_theta"):
+        if getattr(args, field) != value and field in SHAPE_FIELDS:
             raise ValueError(
                 f"model.init_from: {folder}/{CONFIG} has {field}={value} but the job's "
                 f"model has {getattr(args, field)}; the folder changed after the job was "

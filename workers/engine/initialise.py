@@ -29,10 +29,15 @@ log = logging.getLogger(__name__)
 
 def parameter_source(spec: JobSpec, family: ModelFamily, args: Any) -> ParameterSource:
     """Where this job's initial weights come from: random, as the family draws them
-    (`model.init_from` then loads its weights over this rank's shards)."""
-    return random_parameters(
+    (`model.init_from` then loads its weights over this rank's shards). A tied
+    parameter's copy on another pipeline stage is drawn as the one it is."""
+    draw = random_parameters(
         seed=spec.train.seed, init_std=lambda name: family.init_std(name, args)
     )
+    ties = family.tied_parameters(args)
+    if not ties:
+        return draw
+    return lambda name, shape, device: draw(ties.get(name, name), shape, device)
 
 
 @torch.no_grad()

@@ -45,7 +45,8 @@ def _from_hf_folder(folder: Path, device: torch.device) -> LocalModel:
     config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
     family = load_family(family_of_config(config))
     shape = family.config.shape_from_hf(config)
-    args = family.args({"seq_len": int(config.get("max_position_embeddings", 2048)), **shape})
+    seq_len = int(config.get("max_position_embeddings", 2048))
+    args = family.args({"seq_len": seq_len, **shape, **family.config.fixed_args})
     model = _empty_model(family, args, device)
     load_init_from([model], folder, family, args)
     codec: Tokenizer

@@ -46,6 +46,7 @@ from shardline.workers.engine.precision import DynamicLossScaler, autocast
 from shardline.workers.engine.schedule import lr_at
 from shardline.workers.engine.step_clock import PIPELINE, StepClock
 from shardline.workers.engine.step_outcome import SaveRequest, StepLedger, StopRequest, StopVote
+from shardline.workers.engine.tied import tied_across_stages
 from shardline.workers.storage.layout import CheckpointLocations
 from shardline.workers.storage.skipped_batches import SkippedBatches
 
@@ -72,6 +73,12 @@ class Trainer:
         strategy = strategy_class(spec.parallel.dp_mode)
         self.parts = _model_parts(spec, self.dims, mesh, device, strategy.wraps_model)
         self.params = self.parts.parameters()  # fixed once built: not listed per step
+        self.tied = tied_across_stages(
+            self.parts.modules,
+            self.parts.family.tied_parameters(self.parts.args),
+            mesh,
+            self.dims.pp,
+        )
         self.optimizers = _optimizers(spec, self.parts, self.dims, mesh, device)
         self.scaler = DynamicLossScaler(enabled=spec.precision == Precision.fp16)
         self.clock = StepClock(device)
@@ -204,6 +211,10 @@ class Trainer:
             self.optimizers.set_lr(lr)
             if self.dims.tp > 1:  # only tensor parallel leaves partial sums
                 settle_partial_grads(self.params)
+        if self.tied is not None:
+            with self.clock.part("comm"):
+                self.tied.sync_grads()
+        with self.clock.part("compute"):
             skipped = self.scaler.unscale_and_check(self.params)
         if skipped:
             return math.nan, True
@@ -216,6 +227,7 @@ class Trainer:
             stage_ranks=1 if alone else self.dims.dp * self.dims.tp,
             clock=self.clock,
             over_world=not alone,
+            not_counted=self.tied.copies if self.tied is not None else (),
         )
         with self.clock.part("compute"):
             self.optimizers.step()

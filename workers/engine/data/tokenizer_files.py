@@ -15,8 +15,9 @@ from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.data.tokenizers import byte_tokenizer_json
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
-# Tokenizer files copied from beside the job's tokenizer.json, where they exist.
-_TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, "special_tokens_map.json")
+# Tokenizer files copied from beside the job's tokenizer.json, where they exist (recent
+# transformers keep the chat template in a file of its own).
+_TOKENIZER_SIDE_FILES = (TOKENIZER_CONFIG, "special_tokens_map.json", "chat_template.jinja")
 
 
 def byte_codec(spec: JobSpec) -> bool:

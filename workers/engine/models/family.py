@@ -28,7 +28,10 @@ from shardline.workers.engine.models.registry import FamilyConfig, package
 class FamilyModule(Protocol):
     layers: nn.ModuleDict
 
-    def reset_buffers(self) -> None: ...
+    def reset_buffers(self) -> None:
+        """Compute non-persistent buffers again and restore shared parameters (tied
+        embeddings), after `to_empty` gave the module storage."""
+        ...
 
 
 class StateDictAdapter(Protocol):
@@ -37,6 +40,8 @@ class StateDictAdapter(Protocol):
     # A Hugging Face name that a checkpoint with tied embeddings leaves out -> the one it
     # reads instead.
     tied: dict[str, str]
+    # This model's names that are not written out (a tied head: the embedding stands for it).
+    not_written: frozenset[str]
 
     def to_hf_name(self, name: str) -> str: ...
 
@@ -84,6 +89,9 @@ class ModelFamily:
     state_dict_adapter: Callable[[Any], StateDictAdapter]
     # (whole module, most positions) -> a decoder for `shardline generate`.
     decoder: Callable[[nn.Module, int], Decoder]
+    # args -> {a parameter's name: the name of the one it is} (a tied head); a pipeline
+    # holds each apart on its own stage (workers/engine/tied.py).
+    tied_parameters: Callable[[Any], dict[str, str]] = lambda args: {}
 
     @property
     def name(self) -> str:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from shardline.workers.contract.presets import PRESETS
-from shardline.workers.contract.sections import ModelSpec
-
 # family name -> its package
 FAMILIES: dict[str, str] = {
     "llama": "shardline.workers.engine.models.llama",
+    "qwen2": "shardline.workers.engine.models.qwen2",
+    "qwen3": "shardline.workers.engine.models.qwen3",
+    "mistral": "shardline.workers.engine.models.mistral",
 }
 
 
@@ -26,10 +26,27 @@ class FamilyConfig(Protocol):
     """A family's torch-free half: its name, the Hugging Face `model_type`s it reads, and
     config.json <-> the spec's model fields (`ModelSpec.resolved()`'s keys)."""
 
-    name: str
-    model_types: tuple[str, ...]
-    architecture: str  # transformers' class, written into an exported config.json
-    shape_keys: dict[str, str]  # config.json key -> the spec's model field it sets
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model_types(self) -> tuple[str, ...]: ...
+
+    @property
+    def architecture(self) -> str:
+        """transformers' class, written into an exported config.json."""
+        ...
+
+    @property
+    def shape_keys(self) -> dict[str, str]:
+        """config.json key -> the spec's model field it sets."""
+        ...
+
+    @property
+    def fixed_args(self) -> dict[str, Any]:
+        """Args every model of the family has, whatever its size (biases on q/k/v, q/k
+        norms)."""
+        ...
 
     def shape_from_hf(self, config: dict[str, Any]) -> dict[str, Any]:
         """The spec's model fields of a config.json; raises InitFromError for anything
@@ -62,9 +79,17 @@ def model_types() -> list[str]:
     return [t for name in FAMILIES for t in family_config(name).model_types]
 
 
-def family_of(model: ModelSpec) -> str:
-    """The family a job's model belongs to: its preset's."""
-    return PRESETS[model.preset].family
+class NamesFamily(Protocol):
+    """A job's model spec (workers/contract/sections.py's ModelSpec, which imports this
+    module: the registry names it by what it has)."""
+
+    @property
+    def family_name(self) -> str: ...
+
+
+def family_of(model: NamesFamily) -> str:
+    """The family a job's model belongs to: its own `family`, or its preset's."""
+    return model.family_name
 
 
 def package(name: str) -> str:

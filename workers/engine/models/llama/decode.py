@@ -58,13 +58,18 @@ def _attend(
     q = attn.wq(x).view(bsz, seq, -1, attn.head_dim)
     k = attn.wk(x).view(bsz, seq, -1, attn.head_dim)
     v = attn.wv(x).view(bsz, seq, -1, attn.head_dim)
+    if attn.q_norm is not None and attn.k_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     end = start + seq
     cache_k[:, start:end] = k
     cache_v[:, start:end] = v
     q, keys, values = (t.transpose(1, 2) for t in (q, cache_k[:, :end], cache_v[:, :end]))
-    # New position i (absolute start + i) sees every cached position up to itself.
+    # New position i (absolute start + i) sees every cached position up to itself, and
+    # under a sliding window only the last `sliding_window` of them.
     mask = torch.ones(seq, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+    if attn.sliding_window is not None:
+        mask = mask.triu(diagonal=start - attn.sliding_window + 1)
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
     )
@@ -110,7 +115,8 @@ class LlamaDecoder:
         args = model.args
         param = next(model.parameters())
         device, dtype = param.device, param.dtype
-        cos, sin = (t.to(device) for t in rope_tables(args.head_dim, max_len, args.rope_theta))
+        tables = rope_tables(args.head_dim, max_len, args.rope_theta, args.rope_scaling)
+        cos, sin = (t.to(device) for t in tables)
         self.rope = (cos, sin)
         self.cache = KVCache.empty(args, 1, max_len, device, dtype)
 

@@ -1,4 +1,6 @@
-"""A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention.
+"""A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention,
+with the switches Llama 3.x, Qwen2, Qwen3 and Mistral need (rope scaling, a head size of
+its own, tied embeddings, biases on q/k/v, norms on q/k, a sliding window).
 
 Plain PyTorch with no parallelism inside. Layers live in a ModuleDict keyed by their index
 and every top-level part may be None, so a pipeline stage is this same class with the parts
@@ -7,7 +9,9 @@ it does not own removed, and parameter names never change with the layout.
 
 from __future__ import annotations
 
+import math
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +21,41 @@ from shardline.workers.engine.models.llama.config import ModelArgs
 from shardline.workers.engine.random_init import random_parameters
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Rotary frequencies stretched as transformers' `llama3` and `linear` rope types do
+    (modeling_rope_utils), step for step, so the tables agree to the bit."""
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths are divided by the factor, short ones kept, those between blended.
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    head_dim: int, seq_len: int, theta: float, scaling: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape (seq_len, head_dim // 2)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = scaled_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
+
+
+def window_mask(seq: int, window: int, device: torch.device) -> torch.Tensor:
+    """Boolean (seq, seq): position q sees positions q - window + 1 .. q (transformers'
+    sliding_window_overlay on a causal mask)."""
+    q = torch.arange(seq, device=device)[:, None]
+    k = torch.arange(seq, device=device)[None, :]
+    return (k <= q) & (k > q - window)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -51,10 +85,15 @@ class Attention(nn.Module):
         self.n_heads = args.n_heads
         self.n_kv_heads = args.n_kv_heads
         self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.sliding_window = args.sliding_window
+        bias = args.qkv_bias
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=bias)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        # Qwen3: each head's queries and keys normalised over its channels before rope.
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -62,12 +101,17 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         # Tables cover seq_len; this batch may be shorter.
         q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-        )
+        gqa = q.shape[1] != k.shape[1]
+        if self.sliding_window is not None and self.sliding_window < seq:
+            mask = window_mask(seq, self.sliding_window, x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
@@ -103,7 +147,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta)
+        self.tie_weights()
+        cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta, args.rope_scaling)
         # Not persistent: derived from the args, so never part of a checkpoint.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -112,11 +157,22 @@ class Transformer(nn.Module):
         if not cos.is_meta:
             self.init_weights()
 
+    def tie_weights(self) -> None:
+        """With tied embeddings the output head's weight is the token embedding's: one
+        parameter, one gradient (the sum of both uses), one optimizer state. Moving a
+        module to another device (`to_empty`) replaces each module's parameter with a new
+        one, so this runs again after it."""
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
     def reset_buffers(self) -> None:
-        """Recompute the rotary tables in place (after `to_empty` left them garbage)."""
-        cos, sin = rope_tables(self.args.head_dim, self.args.seq_len, self.args.rope_theta)
+        """Recompute the rotary tables in place (after `to_empty` left them garbage), and
+        tie the output head to the embedding again."""
+        args = self.args
+        cos, sin = rope_tables(args.head_dim, args.seq_len, args.rope_theta, args.rope_scaling)
         self.get_buffer("rope_cos").copy_(cos)
         self.get_buffer("rope_sin").copy_(sin)
+        self.tie_weights()
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -150,6 +206,8 @@ def init_std(name: str, args: ModelArgs) -> float | None:
         return 0.02 / (2 * args.n_layers) ** 0.5
     if name.endswith("norm.weight"):
         return None
+    if name.endswith(".bias"):
+        return 0.0
     return 0.02
 
 
@@ -157,6 +215,10 @@ def flops_per_token(args: ModelArgs, n_params_no_embedding: int) -> int:
     """Training FLOPs per token: 6N for the weights plus the attention term.
 
     Counted as torchtitan and MosaicML do: 6 * N (forward + backward matmuls) plus
-    12 * n_layers * dim * seq_len for the attention scores and weighted sum.
+    12 * n_layers * (attention width) * seq_len for the attention scores and weighted
+    sum. N leaves out the embedding (a lookup), but a tied output head is a matmul all the
+    same. A sliding window computes fewer scores; they are counted whole.
     """
-    return 6 * n_params_no_embedding + 12 * args.n_layers * args.dim * args.seq_len
+    head = args.vocab_size * args.dim if args.tie_embeddings else 0
+    attention = 12 * args.n_layers * args.n_heads * args.head_dim * args.seq_len
+    return 6 * (n_params_no_embedding + head) + attention

@@ -67,6 +67,12 @@ def apply_tensor_parallel(
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
+        if getattr(block.attention, "q_norm", None) is not None:
+            # One gain shared by every head, and each rank holds some of the heads: the
+            # gain is a replicated DTensor whose gradient is summed over the ranks (as
+            # sequence parallelism does for a norm, here along the head dimension).
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
     log.info(
         "applied tensor parallel over tp=%d%s",
