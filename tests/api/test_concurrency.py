@@ -17,6 +17,7 @@ from shardline.service.db import Database
 from shardline.service.store import ConcurrentUpdate, IllegalTransition, JobStore
 from shardline.workers.contract.lifecycle import JobState
 from tests.api.conftest import Backend
+from tests.support.event_loops import run_async
 
 # How many submits must be inside the store at the same moment, each having found no job
 # for the key, so that all but one take the duplicate-key (IntegrityError) path.
@@ -57,7 +58,7 @@ def test_50_concurrent_submits_with_one_key_create_one_job(
                 *[http.post("/v1/jobs", json=body, headers=headers) for _ in range(50)]
             )
 
-    responses = asyncio.run(submit_all())
+    responses = run_async(submit_all)
     assert not barrier.broken, f"{RACERS} submits were never inside the store at once"
     # Every racer but the winner (and any submit that overlapped them) hit the unique
     # constraint and looked the key up again.

@@ -142,6 +142,27 @@ def test_events_metrics_and_logs_read_from_where_the_caller_left_off(backend: Ba
         assert c.logs(job_id, rank=0) == []
 
 
+def test_a_step_the_store_has_is_never_written_twice(backend: Backend) -> None:
+    """The store keeps the first record of a step: a replay (the same step in a later
+    batch, after a rollback or a supervisor that sends again) and a step twice in one
+    batch each leave one row, with the values first recorded."""
+    _, token = backend.new_user()
+    store = JobStore(backend.db)
+    with backend.client(token) as c:
+        job_id = c.submit(SPEC)["id"]
+        first = [MetricsEntry(seq=s, step=s, values={"step": s, "loss": 9.0 - s}) for s in (1, 2)]
+        seq = store.record_progress(job_id, first, after_seq=0)
+        again = [
+            MetricsEntry(seq=seq + 1, step=2, values={"step": 2, "loss": 0.5}),
+            MetricsEntry(seq=seq + 2, step=3, values={"step": 3, "loss": 6.0}),
+            MetricsEntry(seq=seq + 3, step=3, values={"step": 3, "loss": 0.25}),
+        ]
+        store.record_progress(job_id, again, after_seq=seq)
+        metrics = c.metrics(job_id)
+        assert [m["step"] for m in metrics] == [1, 2, 3]
+        assert [m["loss"] for m in metrics] == [8.0, 7.0, 6.0]
+
+
 def _first_step_series(backend: Backend, token: str) -> dict[str, float]:
     text = httpx.get(
         f"{backend.server.url}/metrics", headers={"Authorization": f"Bearer {token}"}

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from shardline.service import db as db_module
 from shardline.service.db import Database
 from tests.support.databases import fresh_database
+from tests.support.event_loops import run_async
 
 
 def test_an_idle_connection_the_server_dropped_is_replaced_before_use(tmp_path: Path) -> None:
@@ -62,4 +63,4 @@ def test_the_async_reads_replace_a_dropped_connection_and_share_one_inside(
             assert replaced != doomed
             await db.dispose_async()
 
-        asyncio.run(scenario())
+        run_async(scenario)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,74 @@ def test_job_saves_to_and_resumes_from_s3(s3_endpoint: str) -> None:
     for m in resumed:
         assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6)
     assert [c.step for c in store.committed()] == [8, 5, 4]
+
+
+class Crash(Exception):
+    """The process died here."""
+
+
+class CrashingFs:
+    """The store's filesystem, dying at its `at`-th write (a move, a file opened to
+    write, a removal): what a killed rank leaves on the object store."""
+
+    def __init__(self, fs: Any, at: int) -> None:
+        self.fs, self.at, self.writes = fs, at, 0
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.writes == self.at:
+            raise Crash(f"write {self.at}")
+
+    def mv(self, *args: Any, **kwargs: Any) -> Any:
+        self._write()
+        return self.fs.mv(*args, **kwargs)
+
+    def rm(self, *args: Any, **kwargs: Any) -> Any:
+        self._write()
+        return self.fs.rm(*args, **kwargs)
+
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "w" in mode:
+            self._write()
+        return self.fs.open(path, mode, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+
+def test_a_commit_cut_at_any_write_on_an_object_store_is_never_listed(
+    s3_endpoint: str,
+) -> None:
+    """An object store has no atomic rename: the shards are moved one by one and the
+    manifest written last. Cut at each write of that protocol (a step saved again, so
+    the old folder's removal is in it too), a fresh reader lists the step only once the
+    commit is whole, and what it lists verifies."""
+    url = f"s3://{BUCKET}/jobs/cut/checkpoints"
+    names = ["__0_0.distcp", "__1_0.distcp", ".metadata"]
+
+    def stage(store: CheckpointStore) -> dict[str, dict[str, Any]]:
+        staging = store.staging_path(5)
+        for i, name in enumerate(names):
+            with store.fs.open(f"{staging}/{name}", "wb") as f:
+                f.write(bytes([i]) * (1000 + i))
+        return store.checksums(staging, names)
+
+    first = CheckpointStore(url)
+    first.commit(5, stage(first), {})  # step 5 exists: the next commit replaces it
+    at = 1
+    while True:
+        store = CheckpointStore(url)
+        files = stage(store)
+        store.fs = CrashingFs(store.fs, at)
+        try:
+            store.commit(5, files, {"attempt": at})
+        except Crash:
+            listed = CheckpointStore(url).committed()
+            for ckpt in listed:  # whatever is listed is whole
+                assert CheckpointStore(url).verify(ckpt, names) is None, (at, ckpt.manifest)
+            at += 1
+            continue
+        break
+    assert at > len(names) + 1  # every move and the manifest were cut once
+    listed = CheckpointStore(url).committed()
+    assert [c.step for c in listed] == [5] and listed[0].manifest["attempt"] == at

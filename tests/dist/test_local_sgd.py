@@ -143,3 +143,25 @@ def test_a_sync_job_resumed_from_local_sgd_starts_every_replica_the_same(tmp_pat
     run(spec, LocalCheckpoints(str(tmp_path)))
     ours, theirs = on_ranks(functools.partial(_restored_moments, str(tmp_path)), 2, timeout_s=120)
     assert ours == theirs  # both hold replica 0's moments, not each its own
+
+
+def test_a_local_sgd_job_grown_to_more_replicas_goes_on_from_the_sync(
+    straight: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A checkpoint of 2 replicas (taken at a sync, where they hold the same weights)
+    restored into 4: the new replicas start from replica 0's optimizer state, every
+    replica from the synced weights, so the first step after the restore is the global
+    batch's loss at those weights, the uninterrupted run's."""
+    spec = diloco_spec(dp_mode="local_sgd", local_sgd={"sync_every": 4})
+    run(spec, LocalCheckpoints(str(tmp_path), stop_after_step=8))
+    grown = spec.model_copy(
+        update={"parallel": spec.parallel.model_copy(update={"dp": 4})}, deep=True
+    )
+    metrics: list[dict[str, Any]] = []
+    train_local(
+        grown, 4, on_metrics=metrics.append, local=LocalCheckpoints(str(tmp_path), resume=True)
+    )
+    assert [m["step"] for m in metrics] == list(range(9, 17))
+    want = {m["step"]: m["loss"] for m in straight}
+    assert metrics[0]["loss"] == pytest.approx(want[9], rel=1e-5)
+    assert metrics[-1]["loss"] < straight[0]["loss"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from shardline.workers.contract.demand import admission_demand, elastic_min_ranks, job_demand
 from shardline.workers.contract.planner import default_rates, plan
 from shardline.workers.contract.spec import JobSpec
+from shardline.workers.runtime.placement import elastic
 from shardline.workers.runtime.placement.elastic import describe_layout, next_smaller, replan
 from shardline.workers.runtime.placement.node_health import NodeHealth
 from shardline.workers.runtime.placement.reservation import reserve_placement
@@ -57,6 +59,27 @@ def test_the_re_plan_is_the_planners_fastest_and_may_change_more_than_dp() -> No
     # On this CPU's rates the tiny model runs faster data parallel than tensor parallel.
     assert (shrunk.parallel.dp, shrunk.parallel.tp) == (2, 1)
     assert describe_layout(shrunk) == "dp=2 tp=1 pp=1 (2 ranks)"
+
+
+def test_a_re_plan_never_returns_a_layout_that_does_not_fit_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a device whose memory holds the model over 4 ranks but not over 2, a 4-rank job
+    that loses 2 does not go on at 2: there are legal 2-rank layouts, none fits."""
+    full = spec(dp=4, min_dp=1)
+    rates = default_rates(full)
+    smallest = {
+        ranks: min(p.predicted.peak_bytes_per_rank for p in plan(full, ranks, rates))
+        for ranks in (2, 4)
+    }
+    assert smallest[4] < smallest[2]
+    device = dataclasses.replace(rates, device_memory=smallest[2] - 1)
+    monkeypatch.setattr(elastic, "planning_rates", lambda _spec: device)
+    assert plan(full, 2, device)  # legal layouts exist ...
+    assert replan(full, 2) is None  # ... and none fits
+    assert next_smaller(full, full) is None
+    on_four = replan(full, 4)
+    assert on_four is not None and on_four.parallel.world_size == 4
 
 
 def test_an_elastic_job_is_admitted_on_its_fewest_ranks() -> None:

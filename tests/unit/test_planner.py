@@ -71,6 +71,29 @@ def test_the_terms_move_the_way_the_choices_say() -> None:
     )
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("pp", "micro_batches"), [(2, 2), (2, 8), (4, 4), (4, 16)])
+def test_a_pipeline_s_step_lasts_its_schedule_s_slots(
+    schedule: str, pp: int, micro_batches: int
+) -> None:
+    """GPipe and 1F1B run m micro-batches through pp stages in m + pp - 1 slots of one
+    stage's micro-batch: the compute a rank does (m slots) plus pp - 1 idle slots. The
+    predicted step is that, plus its communication and optimizer pass."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "pipe",
+            "model": {"preset": "tiny", "n_layers": 4},
+            "parallel": {"pp": pp, "pp_schedule": schedule},
+            "train": {"global_batch_size": micro_batches, "micro_batch_size": 1},
+        }
+    )
+    predicted = predict(spec, DEFAULT_RATES["h100"])
+    terms = predicted.terms
+    slot = terms["compute_s"] / micro_batches
+    pipeline = predicted.step_s - terms["comm_s"] - terms["optimizer_s"]
+    assert pipeline == pytest.approx((micro_batches + pp - 1) * slot, rel=1e-9)
+
+
 def test_sixty_four_ranks_of_the_1b_preset_plan_quickly() -> None:
     spec = JobSpec.model_validate(
         {"name": "big", "model": {"preset": "1b"}, "train": {"global_batch_size": 256}}

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import Engine
 
 from shardline.service.db import Database
 from shardline.service.migrate import upgrade_to_head
@@ -163,3 +164,37 @@ def test_a_put_read_before_a_commit_leaves_what_was_kept_after_it(
     cache.put("read after", 1, commits())
     cache.put("read before, put late", 2, before)
     assert cache.get("read after") == 1 and len(cache) == 1
+
+
+def test_a_read_taken_while_a_commit_lands_is_not_kept(
+    users: UserDirectory, tmp_path: Path
+) -> None:
+    """The count moves when a commit begins and again once it has landed: a read that
+    starts in between (it counts the first move, but sees the data before the commit) is
+    dropped at the second, so a stale answer is never given."""
+    from sqlalchemy import event, text
+    from sqlalchemy.engine import Connection
+
+    cache = ReadCache(60.0)
+    db = Database(f"sqlite:///{tmp_path / 'cache.db'}")  # the same file, another engine
+    seen: list[int] = []
+
+    def read_while_committing(conn: Connection) -> None:
+        # The writer's commit has begun (its Core event) but not landed: another
+        # connection reads the count of users as it was, under the moved count.
+        if not seen:
+            generation = commits()
+            with db.reader(gated=False) as reader:
+                seen.append(reader.execute(text("SELECT count(*) FROM users")).scalar_one())
+            cache.put("users", seen[0], generation)
+
+    event.listen(Engine, "commit", read_while_committing)
+    try:
+        users.ensure_user("someone new")
+    finally:
+        event.remove(Engine, "commit", read_while_committing)
+        db.dispose()
+    with users.db.reader(gated=False) as reader:
+        now = reader.execute(text("SELECT count(*) FROM users")).scalar_one()
+    assert seen and now == seen[0] + 1  # the read saw the users before the commit
+    assert cache.get("users") is None

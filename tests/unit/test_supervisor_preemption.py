@@ -5,6 +5,7 @@ node is left out and the job goes on from that checkpoint, with no failure count
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,3 +118,39 @@ def test_the_watch_says_once_per_node_and_survives_a_failed_look() -> None:
     third = watch.check(["a", "b", "c"])
     assert third is not None and third.nodes == {"c"}  # a and b were said already
     assert third.seconds_left["c"] == 0.0  # its deadline passed: no time left
+
+
+class SlowSavingWorkers(PlacedScriptedWorkers):
+    """Ranks whose checkpoint outlasts any deadline: asked to stop, they go on training
+    until they are killed. Records when each call came."""
+
+    def __init__(self, scripts: list[list[list[WorkerStatus]]]) -> None:
+        super().__init__(scripts)
+        self.at: dict[str, float] = {}
+
+    def request_stop(self, save: bool = False) -> None:
+        super().request_stop(save)
+        self.at.setdefault("stop", time.monotonic())
+        self.stopping = False  # still saving: their polls say training
+
+    def kill_workers(self) -> None:
+        super().kill_workers()
+        self.at.setdefault("kill", time.monotonic())
+
+
+def test_ranks_still_saving_at_the_node_s_deadline_are_stopped_then(tmp_path: Path) -> None:
+    """The grace is the node's deadline, not the longest the supervisor would ever wait:
+    a checkpoint still running when the node goes is cut off then (the one before it is
+    restored), and the job goes on without the node."""
+    workers = SlowSavingWorkers([[training(3)], [training(4), done()]])
+    deadline_s = 7.0
+    sup = supervisor(tmp_path, workers, {"node-b": int((time.time() + deadline_s) * 1000)})
+    ended: list[JobState] = []
+    runner = threading.Thread(target=lambda: ended.append(sup.run()), daemon=True)
+    runner.start()
+    runner.join(timeout=deadline_s + 15)
+    assert not runner.is_alive(), f"still waiting {deadline_s + 15} s after a {deadline_s} s notice"
+    assert ended == [JobState.SUCCEEDED]
+    waited = workers.at["kill"] - workers.at["stop"]
+    assert deadline_s - 3 <= waited <= deadline_s + 1, waited
+    assert "exclude ['node-b']" in workers.calls
