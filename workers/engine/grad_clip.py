@@ -92,17 +92,14 @@ def clip_grad_norm(
     """
     clock = clock or StepClock(torch.device("cpu"))  # disarmed: times nothing
     with clock.part("compute"):
-        params = list(params)
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return 0.0
-        skip = {id(p) for p in not_counted}
-        counted = [p.grad for p in params if p.grad is not None and id(p) not in skip]
-        local = (
-            _squared_norm(counted, stage_ranks)
-            if counted
-            else torch.zeros((), dtype=torch.float64, device=grads[0].device)
-        )
+        counted = grads
+        if not_counted:
+            skip = {id(p.grad) for p in not_counted}
+            counted = [g for g in grads if id(g) not in skip]
+        local = _squared_norm(counted, stage_ranks)
     with clock.part("comm"):  # the reduction, and the host waiting for its result
         if over_world and dist.is_initialized():
             dist.all_reduce(local)

@@ -43,16 +43,15 @@ class TiedAcrossStages:
                     self.params.append(p)
                     if plain in ties:
                         self.copies.append(p)
-        self.group: dist.ProcessGroup | None = None
         grid = mesh.mesh  # global ranks, (pp, dp, tp)
-        me = dist.get_rank()
-        # Every rank creates every pair's group, in the same order (new_group's rule).
-        for dp in range(grid.shape[1]):
-            for tp in range(grid.shape[2]):
-                pair = [int(grid[0, dp, tp]), int(grid[-1, dp, tp])]
-                group = dist.new_group(pair)
-                if me in pair:
-                    self.group = group
+        # The first and last stage's ranks of each (dp, tp) coordinate; every rank takes
+        # part in making every pair's group, and keeps its own (None in a middle stage).
+        pairs = [
+            [int(grid[0, dp, tp]), int(grid[-1, dp, tp])]
+            for dp in range(grid.shape[1])
+            for tp in range(grid.shape[2])
+        ]
+        self.group: dist.ProcessGroup | None = dist.new_subgroups_by_enumeration(pairs)[0]
         if self.params:
             log.info("%d tied parameter(s) held on this stage", len(self.params))
 

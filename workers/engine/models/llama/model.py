@@ -10,7 +10,7 @@ it does not own removed, and parameter names never change with the layout.
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -50,9 +50,11 @@ def rope_tables(
     return angles.cos(), angles.sin()
 
 
+@lru_cache(maxsize=8)
 def window_mask(seq: int, window: int, device: torch.device) -> torch.Tensor:
     """Boolean (seq, seq): position q sees positions q - window + 1 .. q (transformers'
-    sliding_window_overlay on a causal mask)."""
+    sliding_window_overlay on a causal mask). Built once per shape, not per layer and
+    step."""
     q = torch.arange(seq, device=device)[:, None]
     k = torch.arange(seq, device=device)[None, :]
     return (k <= q) & (k > q - window)
