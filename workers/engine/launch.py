@@ -8,15 +8,19 @@ WORLD_SIZE set) the current process is one rank and rank 0 does that reporting i
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from shardline.workers.contract.spec import JobSpec
@@ -24,6 +28,11 @@ from shardline.workers.storage.checkpoints import RestoreSource
 from shardline.workers.storage.layout import CheckpointLocations
 
 log = logging.getLogger(__name__)
+
+# The signal a local rank answers with its threads' stacks, and how long they get.
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_WAIT_S = 2.0
+_stacks_file: Any = None  # kept open for faulthandler in a local rank
 
 Report = Callable[[str, Any], None]
 
@@ -127,12 +136,19 @@ def _spawned_rank(
     local: LocalCheckpoints,
     environ: dict[str, str],
     slow: SlowRank | None,
+    stacks: str,
 ) -> None:
     # Forked from the fork server, which has the environment of when it started: take the
     # caller's as it is now (data roots, cache folder, thread counts).
     os.environ.clear()
     os.environ.update(environ)
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(message)s")
+    # Asked by the caller when another rank failed: where this one was (a peer stuck in
+    # another collective says more than the failed rank's timeout). Written to a file of
+    # the caller's: this process's stderr is the fork server's, not the caller's now.
+    global _stacks_file
+    _stacks_file = open(os.path.join(stacks, f"rank-{rank}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True)
     try:
         run_rank(
             rank,
@@ -193,23 +209,62 @@ def train_local(
     ctx = rank_processes()
     events: mp.Queue = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(
-            target=_spawned_rank,
-            args=(r, nproc, port, spec.model_dump_json(), events, local, dict(os.environ), slow),
-            daemon=True,
-        )
-        for r in range(nproc)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        return _collect(procs, events, on_metrics, on_event)
-    finally:
+    with tempfile.TemporaryDirectory(prefix="shardline-stacks-") as stacks:
+        procs = [
+            ctx.Process(
+                target=_spawned_rank,
+                args=(
+                    r,
+                    nproc,
+                    port,
+                    spec.model_dump_json(),
+                    events,
+                    local,
+                    dict(os.environ),
+                    slow,
+                    stacks,
+                ),
+                daemon=True,
+            )
+            for r in range(nproc)
+        ]
         for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join(timeout=10)
+            p.start()
+        try:
+            return _collect(procs, events, on_metrics, on_event)
+        except TrainingFailed as err:
+            where = _stacks_of_survivors(procs, Path(stacks))
+            raise TrainingFailed(f"{err}{where}") from None
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join(timeout=10)
+
+
+def _stacks_of_survivors(procs: list[Any], stacks: Path) -> str:
+    """Where the ranks still alive are, every thread's stack, as text to add to the
+    failure (empty when none is alive)."""
+    alive = {}
+    for rank, p in enumerate(procs):
+        if p.is_alive() and p.pid is not None:
+            try:
+                os.kill(p.pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                continue
+            alive[rank] = stacks / f"rank-{rank}.txt"
+    deadline = time.monotonic() + STACKS_WAIT_S
+    while alive and time.monotonic() < deadline:
+        if all(f.is_file() and f.stat().st_size for f in alive.values()):
+            time.sleep(0.05)  # the last lines of the dump
+            break
+        time.sleep(0.05)
+    parts = [
+        f"\n\nrank {rank}, still running, was at:\n{f.read_text(errors='replace').strip()}"
+        for rank, f in alive.items()
+        if f.is_file() and f.stat().st_size
+    ]
+    return "".join(parts)
 
 
 def _collect(
