@@ -33,6 +33,7 @@ from shardline.workers.contract.events import Event
 from shardline.workers.contract.hf_config import InitFromError, resolve_init_from
 from shardline.workers.contract.sections import INIT_FROM
 from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.preflight import data_problem
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +103,12 @@ class Admission:
         self.quotas, self.rates = quotas, rates
 
     def checked(self, spec: JobSpec) -> JobSpec:
-        """`spec` with its files checked and its shape read from `model.init_from`."""
+        """`spec` with its files checked, its shape read from `model.init_from` and a
+        sample of its data read."""
         check_data_paths(spec, self.settings)
-        return resolved_init_from(spec, self.settings)
+        resolved = resolved_init_from(spec, self.settings)
+        check_data_sample(resolved, self.settings)
+        return resolved
 
     def admit(self, spec: JobSpec, user: Viewer, idempotency_key: str | None) -> tuple[Job, bool]:
         """Queue `spec` for `user` (or find the job an earlier request with the same key
@@ -163,6 +167,18 @@ def check_data_paths(spec: JobSpec, settings: Settings) -> None:
         reason = _path_refusal(Path(value), access)
         if reason is not None:
             raise invalid_field(field, f"{field}: {value} {reason}", reason)
+
+
+def check_data_sample(spec: JobSpec, settings: Settings) -> None:
+    """The first records read as the ranks will read them, so a file that is not its
+    format, a record without its field or a template that fails is a 422 now, not a
+    failed job later. Call after check_data_paths."""
+    model = spec.model.resolved()
+    access = DataAccess.of(settings.data_roots, settings.private_dirs)
+    problem = data_problem(spec.data, model["seq_len"], model["vocab_size"], access)
+    if problem is not None:
+        field, message = problem
+        raise invalid_field(field, message)
 
 
 def _path_refusal(path: Path, access: DataAccess) -> str | None:

@@ -63,6 +63,21 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return runs
 
 
+def assert_resumes_exactly(spec: JobSpec, tmp_path: Path) -> dict[int, float]:
+    """`spec` stopped after step 3 and resumed trains as if never stopped (1e-6); returns
+    the uninterrupted run's losses, whose checkpoint of step SAVED is in
+    `tmp_path / "straight"`."""
+    straight, _ = train(spec, LocalCheckpoints(str(tmp_path / "straight")))
+    want = losses(straight)
+    first, _ = train(spec, LocalCheckpoints(str(tmp_path / "stopped"), stop_after_step=3))
+    assert [m["step"] for m in first] == [1, 2, 3]
+    resumed, _ = train(spec, LocalCheckpoints(str(tmp_path / "stopped"), resume=True))
+    assert [m["step"] for m in resumed] == list(range(4, STEPS + 1))
+    for m in resumed:
+        assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6), f"step {m['step']}"
+    return want
+
+
 def folder_with_step(source: Path, step: int, dest: Path) -> str:
     """A fresh checkpoints folder holding only `source`'s checkpoint of `step`."""
     name = f"step-{step:08d}"

@@ -15,7 +15,13 @@ import pytest
 
 from shardline.workers.engine.launch import LocalCheckpoints
 from tests.dist.runs import run, tiny_spec
-from tests.dist.test_checkpoint import SAVED, STEPS, folder_with_step, layout_spec, losses, train
+from tests.dist.test_checkpoint import (
+    SAVED,
+    assert_resumes_exactly,
+    folder_with_step,
+    layout_spec,
+    train,
+)
 from tests.dist.test_layouts import TRAIN, assert_memory_model_holds, assert_same_training
 from tests.support.hf_models import SHORT_LLAMA3_ROPE
 
@@ -75,15 +81,7 @@ def test_tied_embeddings_resume_exactly_and_restore_into_another_layout(
     tensor (one stage) or as two copies (a pipeline): a run stopped and resumed, and its
     checkpoint continued in one process, train as if never stopped."""
     model = FAMILIES["qwen2"]
-    spec = layout_spec(layout, model=model)
-    straight, _ = train(spec, LocalCheckpoints(str(tmp_path / "straight")))
-    want = losses(straight)
-    first, _ = train(spec, LocalCheckpoints(str(tmp_path / "stopped"), stop_after_step=3))
-    assert [m["step"] for m in first] == [1, 2, 3]
-    resumed, _ = train(spec, LocalCheckpoints(str(tmp_path / "stopped"), resume=True))
-    assert [m["step"] for m in resumed] == list(range(4, STEPS + 1))
-    for m in resumed:
-        assert m["loss"] == pytest.approx(want[m["step"]], rel=1e-6), f"step {m['step']}"
+    want = assert_resumes_exactly(layout_spec(layout, model=model), tmp_path)
     folder = folder_with_step(tmp_path / "straight", SAVED, tmp_path / "moved")
     elsewhere, _ = train(layout_spec({}, model=model), LocalCheckpoints(folder, resume=True))
     for m in elsewhere:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from shardline.workers.engine.data.loader import BatchLoader
 from shardline.workers.engine.trainer import Trainer
 from shardline.workers.contract.spec import JobSpec
 
@@ -57,11 +58,13 @@ def test_validation_loss_beats_a_bigram_model_on_project_source(
         }
     )
     trainer = Trainer(spec, world_size=1, device=one_rank_world)
-    assert len(trainer.loader.val_tokens) > 1000, "corpus too small to say anything"
+    loader = trainer.loader
+    assert isinstance(loader, BatchLoader)
+    assert len(loader.val_tokens) > 1000, "corpus too small to say anything"
     # A model that sees only the current byte (broken attention) can do no better than
     # the bigram statistics of the text; one that uses context must beat them.
     baseline = bigram_loss(
-        trainer.loader.train_tokens, [b.tokens for b in trainer.val_batches], 256
+        loader.train_tokens, [b.tokens for b in trainer.val_batches], 256
     )
     initial = trainer.evaluate()
     trainer.train()

@@ -59,25 +59,51 @@ def test_submit_follow_returns_when_the_job_ends_with_its_outcome(
         assert c.get(failed.stdout.split()[0])["state"] == "FAILED"
 
 
-def test_demo_runs_a_job_to_success_and_stops_everything(tmp_path: Path) -> None:
-    # `make demo` is `shardline demo examples/demo.yaml`; a smaller spec keeps this quick.
-    state = tmp_path / "state"
-    spec = spec_file(tmp_path, job_spec("demo", steps=6))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")}
+def demo(
+    spec: str, state: Path, cwd: Path, **env: str
+) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """`shardline demo SPEC` as a user runs it (none of the tests' SHARDLINE_ settings);
+    returns its outcome and whether it left a Ray head behind (stopped here if so)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")}
     try:
-        demo = cli("demo", spec, "--state-dir", str(state), env=env, cwd=tmp_path)
+        done = cli("demo", spec, "--state-dir", str(state), env={**clean, **env}, cwd=cwd)
     finally:
         # Whatever happened, leave no Ray head behind; if there was one, that is a failure.
         leftover = find_local_ray(state)
         if leftover is not None:
             leftover.stop()
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert "SUCCEEDED after 6 steps" in demo.stdout
-    summary = json.loads(next(line for line in demo.stdout.splitlines() if line.startswith("{")))
+    return done, leftover is not None
+
+
+def test_demo_runs_a_job_to_success_and_stops_everything(tmp_path: Path) -> None:
+    # `make demo` is `shardline demo examples/demo.yaml`; a smaller spec keeps this quick.
+    spec = spec_file(tmp_path, job_spec("demo", steps=6))
+    demo_run, left_ray = demo(spec, tmp_path / "state", tmp_path)
+    out = demo_run.stdout
+    assert demo_run.returncode == 0, out + demo_run.stderr
+    assert "SUCCEEDED after 6 steps" in out
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert summary["steps"] == 6 and summary["layout"] == "pp=1,dp=2,tp=1,zero=1,fp32"
     # It stopped the service and the Ray head it started.
-    assert "Stopped." in demo.stdout
-    assert leftover is None, "demo left its Ray head running"
+    assert "Stopped." in out
+    assert not left_ray, "demo left its Ray head running"
+
+
+def test_the_chat_example_fine_tunes_on_the_service(tmp_path: Path) -> None:
+    """The README's chat example as written, through the service on Ray: conversations
+    in JSON Lines, the loss on the replies only, packed."""
+    done, left_ray = demo(
+        "examples/chat-finetune.yaml",
+        tmp_path / "state",
+        CHECKOUT,
+        SHARDLINE_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCEEDED after 60 steps" in done.stdout and not left_ray
+    summary = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    # From ln(256) = 5.5: the replies (a sum and the end-of-turn marker) are learned.
+    assert summary["final_loss"] < 0.5
+    assert list((tmp_path / "cache" / "records").iterdir())  # tokenized once, cached
 
 
 def readme_sdk_snippet() -> str:

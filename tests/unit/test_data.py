@@ -136,7 +136,9 @@ def test_token_bin_beyond_65536_ids_is_uint32(tmp_path: Path) -> None:
             "model": {"vocab_size": vocab, "seq_len": 16},
         }
     )
-    tokens = build_loader(spec, 0, 1).tokens
+    flat = build_loader(spec, 0, 1)
+    assert isinstance(flat, BatchLoader)
+    tokens = flat.tokens
     assert tokens.dtype == np.uint32 and np.array_equal(tokens, ids)
     # A file that is not whole uint32 ids is refused, naming the dtype the vocab selects.
     (tmp_path / "odd.bin").write_bytes(ids.tobytes()[:-2])

@@ -123,3 +123,24 @@ def test_the_chat_template_that_came_in_goes_out(tmp_path: Path, where: str) -> 
     chat = [{"role": "user", "content": "hello"}]
     rendered = auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert rendered == "<|user|>hello\n<|assistant|>"
+
+
+def test_a_chat_job_s_own_template_goes_out_and_renders_as_it_trained(tmp_path: Path) -> None:
+    from tests.support.records import PLAIN_CHAT
+
+    spec = JobSpec.model_validate(
+        {
+            "name": "chat",
+            "data": {
+                "source": "records",
+                "path": "chats.jsonl",
+                "format": "chat",
+                "chat_template": PLAIN_CHAT,
+            },
+        }
+    )
+    written = write_tokenizer(spec, tmp_path, DataAccess())
+    assert "chat_template.jinja" in written
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert loaded.apply_chat_template(messages, tokenize=False) == "<u>hi\n<a>yo\n"

@@ -30,9 +30,14 @@ PACKAGES = (
     "workers/engine/models",
     "workers/engine/models/llama",
 )
-# The half of the model families that the control plane reads (a config.json when a job
-# is submitted): the registry and each family's config adapter, no torch.
-TORCH_FREE_ENGINE = re.compile(r"^shardline\.workers\.engine\.models(\.registry|\.\w+\.config)?$")
+# The half of the engine that the control plane reads when a job is submitted, no torch:
+# the model families' registry and config adapters (a config.json), and the readers of
+# records, tokenizers and chat templates (a sample of the data).
+TORCH_FREE_ENGINE = re.compile(
+    r"^shardline\.workers\.engine\.models(\.registry|\.\w+\.config)?$"
+    r"|^shardline\.workers\.engine\.data\."
+    r"(records|chat|tokenizers|documents|token_cache|preflight)$"
+)
 # package prefix -> what no module under it may import (a name and everything below it)
 FORBIDDEN = {
     "shardline.workers.contract": (

@@ -35,6 +35,23 @@ class DataSource(StrEnum):
     synthetic = "synthetic"
     text = "text"
     tokens = "tokens"
+    # JSON Lines, Parquet or a `datasets` folder: one document or conversation per record.
+    records = "records"
+
+
+class RecordFormat(StrEnum):
+    # A document in `text_field`, every token in the loss.
+    text = "text"
+    # A conversation in `messages_field`, rendered with the model's chat template; the loss
+    # on the assistant's turns only unless `train_on_prompt`.
+    chat = "chat"
+
+
+class Overflow(StrEnum):
+    """What happens to a conversation longer than model.seq_len + 1 tokens."""
+
+    truncate = "truncate"
+    drop = "drop"
 
 
 class PipelineSchedule(StrEnum):
@@ -207,20 +224,69 @@ class DataSpec(_Strict):
     path: str | None = None
     tokenizer: str = "byte"
     val_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    # Records only (source: records).
+    format: RecordFormat = RecordFormat.text
+    text_field: Annotated[str, Field(min_length=1, max_length=200)] = "text"
+    messages_field: Annotated[str, Field(min_length=1, max_length=200)] = "messages"
+    # A Jinja chat template (its text, or a path to a .jinja file); by default the
+    # tokenizer's own (tokenizer_config.json or chat_template.jinja beside tokenizer.json).
+    chat_template: Annotated[str, Field(min_length=1, max_length=100_000)] | None = None
+    train_on_prompt: bool = False
+    overflow: Overflow = Overflow.truncate
+    # Records are shuffled (seeded by train.seed) before packing; false keeps file order.
+    shuffle: bool = True
+    # Whole documents side by side in each window, attention never across them; false:
+    # one document per window, padded.
+    packing: bool = True
+    skip_bad_records: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.source != DataSource.synthetic and not self.path:
             raise ValueError(
                 f"data.path is required when data.source={self.source.value!r}; "
-                "give a file or folder of text, or a .bin of token ids"
+                "give a file or folder of text, a .bin of token ids, or records "
+                "(.jsonl, .jsonl.gz, .parquet or a datasets folder)"
             )
         if self.source == DataSource.tokens and self.tokenizer != "byte":
             raise ValueError(
                 "data.tokenizer does not apply to data.source='tokens' (already tokenized); "
                 "remove it"
             )
+        # Compared with the defaults, not by which fields were given: a stored spec holds
+        # every field.
+        records_only = self._changed(_RECORD_FIELDS)
+        if self.source != DataSource.records and records_only:
+            raise ValueError(
+                f"data.{records_only[0]} applies to data.source='records' only; set "
+                "source: records or remove it"
+            )
+        if self.format != RecordFormat.chat:
+            chat_only = self._changed(_CHAT_FIELDS)
+            if chat_only:
+                raise ValueError(
+                    f"data.{chat_only[0]} applies to data.format='chat' only; set "
+                    "format: chat or remove it"
+                )
         return self
+
+    def _changed(self, names: set[str]) -> list[str]:
+        fields = type(self).model_fields
+        return sorted(n for n in names if getattr(self, n) != fields[n].default)
+
+
+_RECORD_FIELDS = {
+    "format",
+    "text_field",
+    "messages_field",
+    "chat_template",
+    "train_on_prompt",
+    "overflow",
+    "shuffle",
+    "packing",
+    "skip_bad_records",
+}
+_CHAT_FIELDS = {"messages_field", "chat_template", "train_on_prompt", "overflow"}
 
 
 class ParallelSpec(_Strict):

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from shardline.workers.contract.local_sgd import DataParallelMode
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.checkpoint.state import OptimizerState, TensorState
-from shardline.workers.engine.data.loader import BatchLoader
+from shardline.workers.engine.data.batch import Loader
 from shardline.workers.engine.data_parallel import all_reduce_grads
 from shardline.workers.engine.grad_compression import GradTraffic
 from shardline.workers.engine.optimizer import Optimizers
@@ -53,7 +53,7 @@ class TrainerView(Protocol):
     parts: ModelParts
     params: list[nn.Parameter]
     optimizers: Optimizers
-    loader: BatchLoader
+    loader: Loader
     clock: StepClock
     traffic: GradTraffic
     metrics: MetricsProcessor

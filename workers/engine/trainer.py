@@ -102,6 +102,8 @@ class Trainer:
             else (),
         )
         self.val_batches = self.loader.val_batches() if self.loader.has_validation else []
+        # The last step's real input tokens (None where every token is real) and loss targets.
+        self._batch_tokens: tuple[int | None, int] = (None, 0)
         self.metrics = MetricsProcessor(
             spec,
             self.dims,
@@ -180,6 +182,7 @@ class Trainer:
         start = time.perf_counter()
         with self.clock.part("data"):
             batch = self.loader.train_batch(step).to(self.device)
+        self._batch_tokens = batch.global_tokens, batch.global_loss_tokens
         with self.clock.part(PIPELINE if self.pipeline is not None else "compute"):
             local_loss = self.forward_backward(batch)
         self.strategy.after_backward()
@@ -283,6 +286,9 @@ class Trainer:
             metrics["grad_bytes"] = self.traffic.take_per_step()
         if logged:
             metrics.update(self.strategy.logged(step))
+            tokens, loss_tokens = self._batch_tokens
+            if tokens is not None:  # records: padding and prompts are not trained on
+                metrics.update(tokens=tokens, loss_tokens=loss_tokens)
         if self.scaler.enabled:
             metrics.update(
                 loss_scale=self.scaler.scale,
@@ -319,15 +325,21 @@ class Trainer:
         micro = self.spec.train.micro_batch_size
         n = batch.tokens.shape[0] // micro
         self._micro_tokens = batch.global_loss_tokens / self.dims.dp / n
-        inputs, targets = batch.tokens[:, :-1], batch.tokens[:, 1:]
+        inputs, targets, documents = batch.inputs, batch.targets, batch.documents
         with loss_context(self.dims.tp > 1), autocast(self.spec.precision, self.device):
             if self.pipeline is not None:
-                return self._pipeline_run(self.pipeline.step, inputs, targets)
+                return self._pipeline_run(self.pipeline.step, inputs, targets, documents)
             total = torch.zeros((), device=self.device)
+            model = self.parts.modules[0]
             for i in range(n):
                 with self._grad_sync(sync=i == n - 1):
                     chunk = slice(i * micro, (i + 1) * micro)
-                    loss_sum, _ = token_loss(self.parts.modules[0](inputs[chunk]), targets[chunk])
+                    logits = (
+                        model(inputs[chunk])
+                        if documents is None
+                        else model(inputs[chunk], documents=documents[chunk])
+                    )
+                    loss_sum, _ = token_loss(logits, targets[chunk])
                     loss = loss_sum / self._micro_tokens / n
                     self.scaler.scale_loss(loss).backward()
                 total += plain(loss.detach())
@@ -338,14 +350,20 @@ class Trainer:
         return self.scaler.scale_loss(loss_sum / self._micro_tokens)
 
     def _pipeline_run(
-        self, run: Callable[..., Any], inputs: torch.Tensor, targets: torch.Tensor
+        self,
+        run: Callable[..., Any],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         losses: list[torch.Tensor] | None = [] if self.parts.has_last_stage else None
         target = targets if self.parts.has_last_stage else None
+        # Every stage's attention needs the documents: keyword arguments reach them all.
+        extra = {} if documents is None else {"documents": documents}
         if self.parts.has_first_stage:
-            run(inputs, target=target, losses=losses)
+            run(inputs, target=target, losses=losses, **extra)
         else:
-            run(target=target, losses=losses)
+            run(target=target, losses=losses, **extra)
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([plain(v.detach()).float() for v in losses]).mean() / self.scaler.scale
@@ -359,19 +377,40 @@ class Trainer:
         losses = []
         micro = self.spec.train.micro_batch_size
         for batch in self.val_batches:
-            rows = batch.tokens.to(self.device)
+            batch = batch.to(self.device)
+            rows = batch.tokens
             with loss_context(self.dims.tp > 1), autocast(self.spec.precision, self.device):
                 if self.pipeline is not None:
                     self._micro_tokens = (
                         batch.global_loss_tokens / self.dims.dp / (rows.shape[0] // micro)
                     )
-                    losses.append(self._pipeline_run(self.pipeline.eval, rows[:, :-1], rows[:, 1:]))
+                    losses.append(
+                        self._pipeline_run(
+                            self.pipeline.eval, batch.inputs, batch.targets, batch.documents
+                        )
+                    )
+                    continue
+                if batch.documents is not None:
+                    # Token-weighted: rows hold different numbers of counted targets.
+                    losses.append(self._packed_loss(batch))
                     continue
                 for chunk in rows.split(micro):
                     loss_sum, count = token_loss(self.parts.modules[0](chunk[:, :-1]), chunk[:, 1:])
                     losses.append(plain(loss_sum / count))
         self.parts.train(True)
         return self._global_mean(torch.stack(losses).mean())
+
+    def _packed_loss(self, batch: Batch) -> torch.Tensor:
+        """This rank's share of a batch's mean loss over its counted targets."""
+        assert batch.documents is not None
+        micro = self.spec.train.micro_batch_size
+        total = torch.zeros((), device=self.device)
+        inputs, targets = batch.inputs, batch.targets
+        for i in range(0, inputs.shape[0], micro):
+            chunk = slice(i, i + micro)
+            logits = self.parts.modules[0](inputs[chunk], documents=batch.documents[chunk])
+            total += plain(token_loss(logits, targets[chunk])[0])
+        return total / (batch.global_loss_tokens / self.dims.dp)
 
     def _global_mean(self, local: torch.Tensor) -> float:
         """A loss known on the last pipeline stage, averaged over data-parallel ranks."""

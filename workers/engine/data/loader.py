@@ -16,28 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardline.workers.contract.sections import DataSource
 from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.batch import EVAL_BATCHES, Batch, Loader
+from shardline.workers.engine.data.record_loader import record_loader
 from shardline.workers.engine.data.sources import load_tokens
 from shardline.workers.storage.skipped_batches import batch_index
 
 log = logging.getLogger(__name__)
 
-# Validation always uses this many global batches from the held-out split.
-EVAL_BATCHES = 4
 _VAL_STREAM = 0x7FFF_FFFF
-
-
-@dataclass(frozen=True)
-class Batch:
-    """This rank's rows of one step's global batch, and how many of the global batch's
-    targets the loss counts (every one, here), so the loss is a sum over them divided by
-    that count however the batch is split into micro-batches, ranks and stages."""
-
-    tokens: torch.Tensor  # (rows, seq_len + 1) token ids: inputs [:-1], targets [1:]
-    global_loss_tokens: int
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(self.tokens.to(device), self.global_loss_tokens)
 
 
 @dataclass
@@ -128,10 +116,12 @@ class BatchLoader:
 
 def build_loader(
     spec: JobSpec, dp_rank: int, dp_size: int, *, skipped_batches: tuple[int, ...] = ()
-) -> BatchLoader:
+) -> Loader:
     """The job's loader for data-parallel rank `dp_rank` of `dp_size`; `skipped_batches`:
     the batches it skips after a non-finite loss (workers/storage/skipped_batches.py)."""
     model = spec.model.resolved()
+    if spec.data.source == DataSource.records:
+        return record_loader(spec, dp_rank, dp_size, skipped_batches)
     return BatchLoader(
         tokens=load_tokens(spec),
         seq_len=model["seq_len"],

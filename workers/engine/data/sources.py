@@ -19,6 +19,7 @@ from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.data.token_cache import (
     cache_dir,
     prune_token_cache,
+    stamp_files,
     token_cache_limit,
 )
 from shardline.workers.engine.data.tokenizers import Tokenizer, load_tokenizer
@@ -67,11 +68,7 @@ def text_files(root: Path) -> list[Path]:
 
 def _fingerprint(files: list[Path], tokenizer: Tokenizer, access: DataAccess) -> str:
     h = hashlib.sha256(tokenizer.name.encode())
-    for f in files:
-        # Checked even when the cache would answer: a cached file is still a read of it.
-        real = access.check(f, "data.path")
-        st = real.stat()
-        h.update(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    stamp_files(h, files, access)
     return h.hexdigest()[:24]
 
 

@@ -6,8 +6,22 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
+
+from shardline.workers.contract.data_access import DataAccess
 
 log = logging.getLogger(__name__)
+
+
+def stamp_files(h: Any, files: list[Path], access: DataAccess, field: str = "data.path") -> None:
+    """Add each file's resolved path, size and modification time to the hash `h`: what
+    names a cached corpus, so that an edit of a file makes a new one. Each file is
+    checked against the data roots even when the cache would answer: a cached file is
+    still a read of it."""
+    for f in files:
+        real = access.check(f, field)
+        st = real.stat()
+        h.update(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
 
 
 def cache_dir() -> Path:

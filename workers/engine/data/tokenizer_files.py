@@ -10,8 +10,9 @@ from typing import Any
 
 from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.contract.hf_config import TOKENIZER
-from shardline.workers.contract.sections import DataSource
+from shardline.workers.contract.sections import DataSource, RecordFormat
 from shardline.workers.contract.spec import JobSpec
+from shardline.workers.engine.data.chat import TEMPLATE_FILE, given_template
 from shardline.workers.engine.data.tokenizers import byte_tokenizer_json
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -38,7 +39,19 @@ def _tokenizer_config(spec: JobSpec) -> dict[str, Any]:
 
 def write_tokenizer(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
     """Copy the job's tokenizer.json (and its config files beside it); for 'byte', write
-    the byte codec as a tokenizer.json. None for data.source='tokens' (no tokenizer known)."""
+    the byte codec as a tokenizer.json. None for data.source='tokens' (no tokenizer known).
+    A chat job's own template (data.chat_template) goes with it as chat_template.jinja,
+    which transformers prefers to the one in tokenizer_config.json."""
+    written = _write_tokenizer_files(spec, out, access)
+    if written and spec.data.format == RecordFormat.chat and spec.data.chat_template:
+        text = given_template(spec.data.chat_template, access)
+        (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
+        if TEMPLATE_FILE not in written:
+            written.append(TEMPLATE_FILE)
+    return written
+
+
+def _write_tokenizer_files(spec: JobSpec, out: Path, access: DataAccess) -> list[str]:
     if spec.data.tokenizer == "byte":
         if not byte_codec(spec):
             return []

@@ -26,6 +26,11 @@ class Tokenizer(Protocol):
         """The special tokens `encode` puts before and after a whole text."""
         ...
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """`encode_piece(text)` and, for each token, the index of the character it
+        starts at (a chat template's output holds its special tokens as text)."""
+        ...
+
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -43,6 +48,11 @@ class ByteTokenizer:
 
     def affixes(self) -> tuple[list[int], list[int]]:
         return [], []
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        ids = self.encode(text)
+        starts = [i for i, char in enumerate(text) for _ in range(len(char.encode("utf-8")))]
+        return ids, starts
 
     def decode(self, ids: list[int]) -> str:
         # A model's vocabulary may be larger than 256: ids past the bytes are not text.
@@ -116,6 +126,10 @@ class HFTokenizer:
             if special[start : start + len(plain)] == plain:
                 return special[:start], special[start + len(plain) :]
         return [], []
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return list(encoding.ids), [start for start, _ in encoding.offsets]
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids))

@@ -60,10 +60,30 @@ def window_mask(seq: int, window: int, device: torch.device) -> torch.Tensor:
     return (k <= q) & (k > q - window)
 
 
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(batch, seq) document numbers -> each token's position within its document."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(starts, index, 0).cummax(dim=1).values
+
+
+def document_mask(documents: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean (batch, 1, seq, seq): causal, within one document (and within the sliding
+    window). Every query sees at least itself, so no softmax row is empty."""
+    seq = documents.shape[1]
+    mask = documents[:, :, None] == documents[:, None, :]
+    causal = window_mask(seq, window or seq, documents.device)
+    return (mask & causal)[:, None]
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs of x (batch, seq, heads, head_dim) by position."""
+    """Rotate channel pairs of x (batch, seq, heads, head_dim) by position; the tables
+    are (seq, head_dim // 2), or (batch, seq, head_dim // 2) where positions differ by row."""
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return rotated.type_as(x)
 
@@ -97,7 +117,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`mask`: where documents are packed side by side (document_mask), else None for
+        plain causal attention."""
         bsz, seq, _ = x.shape
         # -1 for head counts lets tensor parallelism shrink the projections from outside.
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
@@ -106,10 +134,13 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # Tables cover seq_len; this batch may be shorter.
-        q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+        cos, sin = cos[..., :seq, :], sin[..., :seq, :]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         gqa = q.shape[1] != k.shape[1]
-        if self.sliding_window is not None and self.sliding_window < seq:
+        if mask is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif self.sliding_window is not None and self.sliding_window < seq:
             mask = window_mask(seq, self.sliding_window, x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         else:
@@ -136,8 +167,14 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -184,18 +221,25 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             p.copy_(draw(name, p.shape, p.device))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (batch, seq) of ids -> logits (batch, seq, vocab).
 
         A pipeline stage without embeddings takes hidden states instead, and one without
-        the output head returns them.
+        the output head returns them. `documents` (batch, seq): which document each token
+        belongs to where several are packed in a row; attention stays within each and
+        positions restart at each.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # Full tables: with sequence parallelism h is split along the sequence here, and
         # attention (which sees the whole sequence) slices them.
         cos, sin = self.get_buffer("rope_cos"), self.get_buffer("rope_sin")
+        mask = None
+        if documents is not None:
+            positions = document_positions(documents)
+            cos, sin = cos[positions], sin[positions]
+            mask = document_mask(documents, self.args.sliding_window)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

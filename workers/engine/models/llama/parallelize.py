@@ -49,9 +49,10 @@ def apply_tensor_parallel(
     assert isinstance(layers, nn.ModuleDict)
     for block in layers.values():
         plan: dict[str, ParallelStyle] = {
+            # x, the rotary tables and the document mask (None without packing).
             "attention": PrepareModuleInput(
-                input_layouts=(between, None, None),
-                desired_input_layouts=(Replicate(), None, None),
+                input_layouts=(between, None, None, None),
+                desired_input_layouts=(Replicate(), None, None, None),
             ),
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
