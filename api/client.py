@@ -55,6 +55,35 @@ class InvalidRequest(ShardlineError):
     pass
 
 
+# What a request on a connection the server has just closed fails with.
+_STALE_CONNECTION = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+
+
+class ServerUnreachable(ShardlineError):
+    """No answer from the server: it cannot be reached, or did not answer in time. The
+    message names the URL tried."""
+
+    def __init__(self, url: str, err: httpx.TransportError, request: str = "") -> None:
+        detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        if isinstance(err, _STALE_CONNECTION) and not request.startswith("GET"):
+            # Sent, then the connection broke: the server may have done it.
+            code = "connection_lost"
+            message = (
+                f"the connection to the Shardline server at {url} broke during {request} "
+                f"({detail}); it may have been done: check before sending it again"
+            )
+        else:
+            if isinstance(err, httpx.TimeoutException) and not isinstance(
+                err, httpx.ConnectTimeout
+            ):
+                code, said = "timeout", f"the Shardline server at {url} did not answer in time"
+            else:
+                code, said = "unreachable", f"cannot reach the Shardline server at {url}"
+            message = f"{said} ({detail}); is `shardline serve` running there?"
+        super().__init__(0, code, message)
+        self.url = url
+
+
 class WaitTimeout(TimeoutError):
     pass
 
@@ -67,6 +96,7 @@ __all__ = [
     "InvalidRequest",
     "NoCredentials",
     "NotFound",
+    "ServerUnreachable",
     "ShardlineError",
     "Unauthorized",
     "WaitTimeout",
@@ -90,10 +120,6 @@ def _spec_body(spec: JobSpec | dict[str, Any] | str | Path) -> dict[str, Any]:
     if isinstance(spec, dict):
         return spec
     return load_spec(spec).model_dump(mode="json", exclude_defaults=True)
-
-
-# What a request on a connection the server has just closed fails with.
-_STALE_CONNECTION = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 
 
 class Client:
@@ -137,19 +163,29 @@ class Client:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    @property
+    def url(self) -> str:
+        return str(self._http.base_url).rstrip("/")
+
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self._send(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise ServerUnreachable(self.url, err, f"{method} {path}") from err
+        if response.is_success:
+            return response.json()
+        self._raise_for(response)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
         except _STALE_CONNECTION as err:
             if method != "GET":
                 raise
             # A kept-alive connection the server closed as this request went out (its idle
             # timeout, on a loaded host): a read is safe to send once more, on a new one.
             log.info("%s %s: %s; sending it again", method, path, type(err).__name__)
-            response = self._http.request(method, path, **kwargs)
-        if response.is_success:
-            return response.json()
-        self._raise_for(response)
+            return self._http.request(method, path, **kwargs)
 
     def _raise_for(self, response: httpx.Response) -> NoReturn:
         try:
@@ -249,11 +285,14 @@ class Client:
     def _stream(self, path: str, params: dict[str, Any]) -> Iterator[httpx.Response]:
         """A streamed GET with no read timeout; an error answer raises as `_call` does."""
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        with self._http.stream("GET", path, params=params, timeout=timeout) as response:
-            if not response.is_success:
-                response.read()
-                self._raise_for(response)
-            yield response
+        try:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if not response.is_success:
+                    response.read()
+                    self._raise_for(response)
+                yield response
+        except httpx.TransportError as err:
+            raise ServerUnreachable(self.url, err, f"GET {path}") from err
 
     def profile(self, job_id: str, steps: int = 3) -> dict[str, Any]:
         """Have every rank of a RUNNING job record its next `steps` steps (1-20)."""

@@ -8,17 +8,20 @@ authentication error can name the file or variable to fix.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardline.service.config import Settings
-
 URL_ENV = "SHARDLINE_URL"
 TOKEN_ENV = "SHARDLINE_TOKEN"
+# The server's own defaults (service/config.py), read here from the environment as the
+# server reads them, so that the SDK loads no control-plane code.
+HOST_ENV, DEFAULT_HOST = "SHARDLINE_HOST", "127.0.0.1"
+PORT_ENV, DEFAULT_PORT = "SHARDLINE_PORT", "8000"
+STATE_DIR_ENV, DEFAULT_STATE_DIR = "SHARDLINE_STATE_DIR", ".shardline"
+ADMIN_TOKEN_FILE_ENV = "SHARDLINE_ADMIN_TOKEN_FILE"
 
 
 class NoCredentials(Exception):
@@ -40,11 +43,23 @@ def config_file(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(base) / "shardline" / "credentials.json"
 
 
-def default_url(settings: Settings | None = None) -> str:
+def default_url(environ: Mapping[str, str] = os.environ) -> str:
     """The address a server on this machine's defaults (SHARDLINE_HOST/PORT) answers on."""
-    settings = settings or Settings()
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"http://{host}:{settings.port}"
+    return server_url(environ.get(HOST_ENV) or DEFAULT_HOST, environ.get(PORT_ENV) or DEFAULT_PORT)
+
+
+def server_url(host: str, port: int | str) -> str:
+    """The address a server listening on `host`:`port` answers on, from this machine."""
+    host = DEFAULT_HOST if host in ("0.0.0.0", "::") else host
+    return f"http://{host}:{port}"
+
+
+def local_admin_token_file(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where a server started in this folder wrote its admin token."""
+    given = environ.get(ADMIN_TOKEN_FILE_ENV)
+    if given:
+        return Path(given)
+    return Path(environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR) / "admin-token"
 
 
 def find_credentials(
@@ -53,17 +68,14 @@ def find_credentials(
     """The server and token to use; raises NoCredentials naming every place it looked."""
     saved_file = config_file(environ)
     saved = read_saved(saved_file)
-    # Read only where needed (a bad SHARDLINE_* setting must not stop an explicit URL and
-    # token), and then once.
-    settings = functools.cache(Settings)
-    url = url or environ.get(URL_ENV) or saved.get("url") or default_url(settings())
+    url = url or environ.get(URL_ENV) or saved.get("url") or default_url(environ)
     if token:
         return Credentials(url, token, "--token")
     if environ.get(TOKEN_ENV):
         return Credentials(url, environ[TOKEN_ENV], TOKEN_ENV)
     if saved.get("token"):
         return Credentials(url, saved["token"], str(saved_file))
-    admin_file = settings().resolved_admin_token_file
+    admin_file = local_admin_token_file(environ)
     if admin_file.is_file():
         return Credentials(url, admin_file.read_text().strip(), str(admin_file))
     raise NoCredentials(

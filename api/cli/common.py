@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -117,7 +116,3 @@ def api_errors() -> Iterator[None]:
         yield
     except ShardlineError as err:
         raise fail([f"{err.code}: {err.message}"], code=1) from None
-    except httpx.TransportError as err:
-        raise fail(
-            [f"cannot reach the server ({err}); is `shardline serve` running?"], code=1
-        ) from None

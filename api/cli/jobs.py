@@ -40,13 +40,26 @@ def submit(
 def jobs(
     state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per job, one per line.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Only the ids.")] = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """List jobs, newest first."""
     with api_errors(), client(url, token) as c:
         page = c.list(state=state, limit=limit)
-    table = Table("id", "name", "owner", "state", "step", "created")
+    if quiet or as_json:
+        for j in page["jobs"]:
+            typer.echo(j["id"] if quiet else json.dumps(j))
+        return
+    table = Table()
+    # Whole ids, however narrow the terminal: they are what every other command takes.
+    widest = max((len(j["id"]) for j in page["jobs"]), default=2)
+    table.add_column("id", no_wrap=True, min_width=widest)
+    for name in ("name", "owner", "state", "step", "created"):
+        table.add_column(name)
     for j in page["jobs"]:
         table.add_row(
             j["id"],

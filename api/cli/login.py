@@ -39,7 +39,7 @@ def login(
 
     Checks that they work first. `Client.from_env()` uses them too."""
     settings = load_settings()
-    url = url or os.environ.get(URL_ENV) or default_url(settings)
+    url = url or os.environ.get(URL_ENV) or default_url()
     token = token or os.environ.get(TOKEN_ENV) or _local_admin_token(settings)
     if not token:
         token = typer.prompt("API token", hide_input=True).strip()

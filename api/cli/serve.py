@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 from types import FrameType
 from typing import Annotated
 
 import typer
 
-from shardline.api.cli.common import console, load_settings
-from shardline.api.credentials import default_url
+from shardline.api.cli.common import console, fail, load_settings
+from shardline.api.credentials import server_url
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +44,29 @@ def serve(
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**overrides)
+    # The port first: a port taken is said in one line before anything is started.
+    listener = listen_on(settings.host, settings.port)
+    bound_port = listener.getsockname()[1]
     url = settings.resolved_database_url
     upgrade_to_head(url)
     db = Database(url)
-    token = bootstrap_admin(UserDirectory(db), settings.resolved_admin_token_file)
+    token_file = settings.resolved_admin_token_file
+    token = bootstrap_admin(UserDirectory(db), token_file)
+    login_url = server_url(settings.host, bound_port)
     if token is not None:
         console.print(
             f"Created user 'admin'. Its API token is shown once:\n  {token}\n"
-            f"(saved with mode 0600 to {settings.resolved_admin_token_file}, where "
+            f"(saved with mode 0600 to {token_file}, where "
             "the CLI finds it when run from this folder). To use the CLI from any folder:\n"
-            f"  shardline login --url {default_url(settings)} --token {token}",
+            f"  shardline login --url {login_url} --token {token}",
+            soft_wrap=True,
+        )
+    elif token_file.is_file():
+        # Every start says where the token is and how to log in, never the token itself.
+        console.print(
+            f"The admin token is in {token_file} (the CLI finds it when run from this "
+            f"folder). To use the CLI from any folder:\n"
+            f'  shardline login --url {login_url} --token "$(cat {token_file.absolute()})"',
             soft_wrap=True,
         )
     local: LocalRay | None = None
@@ -65,17 +80,13 @@ def serve(
     store = JobStore(db)
     runtime = RayRuntime(settings, store, address)
     console.print(
-        f"Shardline on http://{settings.host}:{settings.port} (status page at /, API docs "
+        f"Shardline on http://{settings.host}:{bound_port} (status page at /, API docs "
         f"at /docs); Ray at {address}",
         soft_wrap=True,
     )
     try:
-        uvicorn.run(
-            create_app(settings, runtime),
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-        )
+        server = uvicorn.Server(uvicorn.Config(create_app(settings, runtime), log_level="warning"))
+        server.run(sockets=[listener])
     finally:
         # QUEUED and PAUSED jobs hold nothing on Ray: only supervised ones keep the head.
         active = [j for j in store.active_jobs() if j.state in SUPERVISED]
@@ -87,6 +98,27 @@ def serve(
                 "job(s); `shardline serve` re-attaches to it."
             )
         db.dispose()
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (as uvicorn binds one), or one line naming the
+    setting to change and exit 1."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        why = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror})"
+        raise fail(
+            [
+                f"{host}:{port} {why}; choose another with --port or SHARDLINE_PORT "
+                "(and --host or SHARDLINE_HOST)"
+            ],
+            code=1,
+        ) from None
+    return sock  # not inheritable: the local Ray head it starts must not hold the port
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-import httpx
 import typer
 
 from shardline.api.cli.common import (
@@ -19,7 +18,7 @@ from shardline.api.cli.common import (
     fail,
     step_progress,
 )
-from shardline.api.client import TERMINAL_STATES, Client
+from shardline.api.client import TERMINAL_STATES, Client, ServerUnreachable
 
 # How long a follow rides out an unreachable server (a restart, an upgrade) before it
 # gives up; the job itself does not depend on the server being up.
@@ -97,7 +96,7 @@ class Poller:
         """The job, or None while the server cannot be reached."""
         try:
             job = self.c.get(self.job_id)
-        except httpx.TransportError:
+        except ServerUnreachable:
             now = time.monotonic()
             self.unreachable_since = self.unreachable_since or now
             if now - self.unreachable_since > UNREACHABLE_GRACE_S:

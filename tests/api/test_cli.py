@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,11 @@ def test_submit_list_status_cancel(backend: Backend, tmp_path: Path) -> None:
 
     listed = cli("jobs", env=env)
     assert job_id in listed.stdout and "from-cli" in listed.stdout
+    narrow = cli("jobs", env={**env, "COLUMNS": "40"})  # whole ids however narrow
+    assert job_id in narrow.stdout, narrow.stdout
+    assert cli("jobs", "-q", env=env).stdout.split() == [job_id]
+    (row,) = [json.loads(line) for line in cli("jobs", "--json", env=env).stdout.splitlines()]
+    assert (row["id"], row["name"], row["state"]) == (job_id, "from-cli", "QUEUED")
     status = cli("status", job_id, env=env)
     assert "state: QUEUED" in status.stdout and "step: 0/4" in status.stdout
     lowered = cli("priority", job_id, "-2", env=env)  # a negative value, not an option
@@ -59,7 +65,8 @@ def test_errors_are_one_line_not_tracebacks(backend: Backend, tmp_path: Path) ->
     bad = cli("jobs", env={**env, "SHARDLINE_TOKEN": "wrong"})
     assert bad.returncode == 1 and "unauthorized" in bad.stderr
     down = cli("jobs", env={**env, "SHARDLINE_URL": "http://127.0.0.1:9"})
-    assert down.returncode == 1 and "cannot reach the server" in down.stderr
+    assert down.returncode == 1
+    assert "cannot reach the Shardline server at http://127.0.0.1:9" in down.stderr
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\nparallel: {dp: 3}\n")
     invalid = cli("submit", str(spec), env=env)

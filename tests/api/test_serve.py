@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -115,6 +116,9 @@ def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
         assert head is not None
         out = stop(second)
         assert "shl_" not in out and token_file.read_text().strip() == token
+        # Every start says where the token is and how to log in from elsewhere.
+        login = f'shardline login --url http://127.0.0.1:{port} --token "$(cat {token_file})"'
+        assert login in out, out
         # A paused job holds nothing on Ray: the head goes down with serve all the same.
         assert find_local_ray(state) is None and head_is_gone(head), out
 
@@ -143,3 +147,25 @@ def test_sigterm_stops_serve_cleanly_and_takes_its_idle_ray_head_down(tmp_path: 
         assert proc.returncode == 0, out
         assert "Traceback" not in out, out
         assert find_local_ray(tmp_path / ".shardline") is None and head_is_gone(head)
+
+
+def test_a_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [SHARDLINE, "serve", "--port", str(port)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SHARDLINE_")},
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: 127.0.0.1:{port} is in use; choose another with --port or SHARDLINE_PORT "
+        "(and --host or SHARDLINE_HOST)"
+    ]
+    assert "Shardline on" not in done.stdout  # never announced
+    assert find_local_ray(tmp_path / ".shardline") is None  # nothing started

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from shardline.api.client import Client
+from shardline.api.client import Client, ServerUnreachable
 
 
 def _flaky(fail: set[str]) -> tuple[httpx.MockTransport, list[str]]:
@@ -31,6 +31,11 @@ def test_a_read_on_a_connection_closed_under_it_is_sent_again() -> None:
 
 def test_a_write_is_never_sent_twice() -> None:
     transport, sent = _flaky({"POST"})
-    with Client("http://api", "token", transport=transport) as c, pytest.raises(httpx.ReadError):
+    with (
+        Client("http://api", "token", transport=transport) as c,
+        pytest.raises(ServerUnreachable) as caught,
+    ):
         c.cancel("j1")
     assert sent == ["POST"]
+    assert caught.value.code == "connection_lost" and "POST /v1/jobs/j1" in caught.value.message
+    assert isinstance(caught.value.__cause__, httpx.ReadError)
