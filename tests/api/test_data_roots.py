@@ -112,3 +112,11 @@ def test_a_path_that_does_not_exist_is_refused_saying_how_it_was_read(
             JobSpec.model_validate({"name": "x", "model": {"init_from": "no-such-folder"}}),
             settings,
         )
+
+
+def test_a_path_outside_the_roots_names_the_setting(
+    server: tuple[RunningServer, str, Path],
+) -> None:
+    response = submit(server, {"source": "text", "path": "/etc/hostname"})
+    assert response.status_code == 422
+    assert "outside the data roots this server allows (SHARDLINE_DATA_ROOTS" in response.text

@@ -88,3 +88,45 @@ def test_a_gpu_job_on_a_cluster_without_gpus_is_told_there_are_none() -> None:
 def test_the_gpu_example_asks_for_a_gpu() -> None:
     spec = load_spec(Path(__file__).parents[2] / "examples" / "bench-1b.yaml")
     assert spec.resources.gpus_per_worker == 1
+
+
+def test_learning_rates_written_as_people_write_them_are_numbers(tmp_path: Path) -> None:
+    """YAML 1.2's floats: `3e-4` is a number (PyYAML's YAML 1.1 would give a string,
+    refused as a learning rate); a quoted one stays a string."""
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: lr\ntrain: {lr: 3e-4, min_lr: 1E-5, weight_decay: .5e-1}\n")
+    spec = load_spec(path)
+    assert (spec.train.lr, spec.train.min_lr, spec.train.weight_decay) == (3e-4, 1e-5, 0.05)
+    path.write_text('name: lr\ntrain: {lr: "3e-4"}\n')
+    with pytest.raises(ValidationError):
+        load_spec(path)
+
+
+def test_relative_paths_are_read_from_the_spec_file_s_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "spec.yaml").write_text(
+        "name: rel\n"
+        "model: {init_from: ../models/m}\n"
+        "data: {source: records, path: data/chats.jsonl, tokenizer: init_from, format: chat,\n"
+        "       chat_template: templates/chat.jinja}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the command runs elsewhere
+    spec = load_spec("project/spec.yaml")
+    assert spec.data.path == str(folder / "data" / "chats.jsonl")
+    assert spec.model.init_from == str(tmp_path / "models" / "m")
+    assert spec.data.chat_template == str(folder / "templates" / "chat.jinja")
+    assert spec.data.tokenizer == "init_from"
+    (folder / "abs.yaml").write_text(
+        "name: abs\ndata: {source: text, path: /srv/corpus, tokenizer: byte}\n"
+    )
+    spec = load_spec(folder / "abs.yaml")
+    assert (spec.data.path, spec.data.tokenizer) == ("/srv/corpus", "byte")
+    (folder / "inline.yaml").write_text(
+        "name: t\ndata: {source: records, path: s3://bucket/x, format: chat,\n"
+        "       chat_template: '{{ messages }}'}\n"
+    )
+    spec = load_spec(folder / "inline.yaml")
+    assert (spec.data.path, spec.data.chat_template) == ("s3://bucket/x", "{{ messages }}")

@@ -66,7 +66,9 @@ class DataAccess:
         if any(real.is_relative_to(p) for p in self.private):
             return "is inside the service's own state or storage, which is never data"
         if self.roots is not None and not any(real.is_relative_to(r) for r in self.roots):
-            return "is outside the data roots this server allows (symlinks are followed)"
+            return (
+                f"is outside the data roots this server allows ({ROOTS_ENV}; symlinks are followed)"
+            )
         return None
 
     def open(self, path: Path, field: str) -> BinaryIO:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -201,9 +202,46 @@ def spec_hash(spec: JobSpec) -> str:
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    """Read a JobSpec from a YAML or JSON file."""
+    """Read a JobSpec from a YAML or JSON file. Relative paths in it (data, tokenizer,
+    chat template, model folder) are read from the file's folder, as compose reads a
+    compose file's, whatever folder the command runs in."""
     text = Path(path).read_text(encoding="utf-8")
-    return JobSpec.model_validate(parse_spec_text(text, path))
+    data = parse_spec_text(text, path)
+    return JobSpec.model_validate(paths_from(data, Path(path).absolute().parent))
+
+
+def _is_file_name(field: str, value: str) -> bool:
+    """Whether a spec value names a file (not `byte`, `init_from`, a URL or a template's
+    own text)."""
+    if field == "tokenizer":
+        return value not in ("byte", INIT_FROM)
+    if field == "chat_template":
+        return value.endswith(".jinja") and "{" not in value
+    return "://" not in value
+
+
+_PATH_FIELDS = (
+    ("data", "path"),
+    ("data", "tokenizer"),
+    ("data", "chat_template"),
+    ("model", "init_from"),
+)
+
+
+def paths_from(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`data` (a spec's mapping) with each relative file name made absolute from
+    `folder`."""
+    out = dict(data)
+    for section, field in _PATH_FIELDS:
+        values = out.get(section)
+        if not isinstance(values, dict):
+            continue
+        value = values.get(field)
+        if not isinstance(value, str) or not value or Path(value).is_absolute():
+            continue
+        if _is_file_name(field, value):
+            out[section] = {**values, field: os.path.normpath(folder / value)}
+    return out
 
 
 def describe_errors(err: ValidationError) -> list[str]:

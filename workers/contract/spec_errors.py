@@ -7,6 +7,7 @@ the characters allowed instead of printing a regular expression."""
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -27,10 +28,23 @@ class SpecFileError(ValueError):
     """A spec file that is not a readable mapping (YAML syntax, wrong top-level type)."""
 
 
+class SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: `3e-4` and `1e5` are numbers, as
+    people write learning rates (YAML 1.1, which PyYAML follows, wants `3.0e-4` and reads
+    `3e-4` as a string)."""
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
 def parse_spec_text(text: str, source: str | Path) -> dict[str, Any]:
     """The mapping in a YAML or JSON spec; a syntax error names its line and column."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=SpecLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
