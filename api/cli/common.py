@@ -10,7 +10,13 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from shardline.api.client import Client, ShardlineError
 from shardline.api.credentials import NoCredentials, find_credentials
@@ -49,6 +55,8 @@ def step_progress(disable: bool = False) -> Progress:
         BarColumn(),
         TextColumn("{task.completed}/{task.total} {task.fields[status]}"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=err_console,
         disable=disable,
     )

@@ -66,22 +66,67 @@ def wait(
 def follow_job(
     c: Client, job_id: str, steps: int, on_poll: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
-    """A progress bar of the job's steps until it ends; returns the final job."""
+    """A progress bar of the job's steps until it ends; returns the final job. Where
+    stdout is not a terminal (a log file, CI), a plain line instead whenever the job's
+    step or state changes, at most every PLAIN_EVERY_S unless its state changed."""
     poll = Poller(c, job_id)
-    with step_progress() as progress:
+    plain = PlainProgress(job_id, steps) if not console.is_terminal else None
+    with step_progress(disable=plain is not None) as progress:
         task = progress.add_task(job_id, total=steps, status="")
         while True:
             job = poll()
             if job is None:
                 progress.update(task, status="server unreachable; retrying")
+                if plain is not None:
+                    plain.say("server unreachable; retrying")
                 time.sleep(1.0)
                 continue
             progress.update(task, completed=job["step"], status=describe(job))
+            if plain is not None:
+                plain.job(job)
             if on_poll is not None:
                 on_poll(job)
             if job["state"] in TERMINAL_STATES:
                 return job
             time.sleep(1.0)
+
+
+# A plain progress line at most this often while only the step moves.
+PLAIN_EVERY_S = 5.0
+
+
+class PlainProgress:
+    """Progress as plain lines on stdout, with the time left at the rate seen so far."""
+
+    def __init__(self, job_id: str, steps: int) -> None:
+        self.job_id, self.steps = job_id, steps
+        self.last_line = ""
+        self.last_state = ""
+        self.last_said = 0.0
+        self.first: tuple[float, int] | None = None  # (time, step) when training was seen
+
+    def job(self, job: dict[str, Any]) -> None:
+        now = time.monotonic()
+        step, state = int(job["step"]), str(job["state"])
+        if state == "RUNNING" and (self.first is None or step < self.first[1]):
+            self.first = (now, step)
+        line = f"{self.job_id}  step {step}/{self.steps}  {describe(job)}"
+        eta = self._eta(now, step) if state == "RUNNING" else None
+        due = now - self.last_said >= PLAIN_EVERY_S or state != self.last_state
+        if line != self.last_line and (due or state in TERMINAL_STATES):
+            self.say(line + (f"  eta {eta}" if eta else ""))
+            self.last_line, self.last_state = line, state
+
+    def _eta(self, now: float, step: int) -> str | None:
+        if self.first is None or step <= self.first[1] or now <= self.first[0]:
+            return None
+        rate = (step - self.first[1]) / (now - self.first[0])
+        left = int((self.steps - step) / rate)
+        return f"{left // 60}m{left % 60:02d}s"
+
+    def say(self, line: str) -> None:
+        console.print(line, highlight=False, soft_wrap=True)
+        self.last_said = time.monotonic()
 
 
 class Poller:

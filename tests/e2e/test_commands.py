@@ -52,6 +52,9 @@ def test_submit_follow_returns_when_the_job_ends_with_its_outcome(
         # It returned only once the job had trained to the end.
         job = c.get(job_id)
         assert job["state"] == "SUCCEEDED" and job["step"] == 8, job
+        # Not a terminal: plain progress lines on stdout, not a bar drawn at the end.
+        lines = followed.stdout.splitlines()
+        assert any(line.startswith(f"{job_id}  step 8/8  SUCCEEDED") for line in lines), lines
 
         failed = cli("submit", bad, "--follow", env=env, cwd=tmp_path)
         assert failed.returncode == 1, failed.stderr
