@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo clean
+.PHONY: setup check test lint demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,6 +13,12 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The quick tier: the tests that start no server, Ray cluster or browser.
+check: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy src/shardline bench tests
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -ra --durations=10 tests/unit
 
 test: setup
 	$(BIN)/ruff check .

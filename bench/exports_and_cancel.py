@@ -1,5 +1,5 @@
 """Exports while a job trains under `keep_last: 1`, and a cancel while a big job starts:
-the two [S3] figures that need a cluster.
+the two hardening figures that need a cluster.
 
 Starts `shardline serve` on its embedded defaults (SQLite, a local Ray head) and prints one
 JSON line per measurement:

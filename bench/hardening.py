@@ -1,4 +1,4 @@
-"""What one request (or a flood of them) costs the API: the [S3] hardening figures.
+"""What one request (or a flood of them) costs the API: the hardening figures.
 
 Starts the API as bench/api_load.py does (uvicorn, one process, no Ray: jobs stay QUEUED)
 and prints one JSON line per measurement:

@@ -53,7 +53,7 @@ def export(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Write a checkpoint as a Hugging Face Llama folder (config.json, safetensors,
+    """Write a checkpoint as a Hugging Face folder of its family (config.json, safetensors,
     tokenizer): `shardline export CHECKPOINT OUT_DIR` or `shardline export --job ID OUT_DIR`."""
     if job is not None:
         # With --job the one positional argument is the output folder.

@@ -1,4 +1,4 @@
-"""GET /v1/jobs/{id}/export: a job's checkpoint as a Hugging Face Llama folder, zipped.
+"""GET /v1/jobs/{id}/export: a job's checkpoint as a Hugging Face folder of its family, zipped.
 
 The conversion reads the torch.distributed.checkpoint files, which needs torch, and the
 control plane never imports torch (tests/unit/test_control_plane_imports.py): so the export
@@ -126,7 +126,7 @@ async def export_job(
     slots: ExportsDep,
     step: Annotated[int | None, Query(ge=1, le=MAX_STEPS)] = None,
 ) -> FileResponse:
-    """A committed checkpoint (`step`, or the newest) as a Hugging Face Llama folder in a
+    """A committed checkpoint (`step`, or the newest) as a Hugging Face folder of its family in a
     zip: `transformers.AutoModelForCausalLM.from_pretrained` loads it unpacked. The
     checkpoint is kept from the job's retention (`keep_last`) while it is read."""
     job = await run_in_threadpool(store.get, job_id, user)

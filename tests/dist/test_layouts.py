@@ -47,7 +47,7 @@ def assert_same_training(ours: list[dict[str, Any]], ref: list[dict[str, Any]]) 
 
 def assert_memory_model_holds(spec: JobSpec, measured: dict[str, int]) -> None:
     """The model-state bytes predicted from the spec alone are within 5% of what the
-    busiest rank held (the P2 memory model's bar)."""
+    busiest rank held (the memory model's bar)."""
     predicted = model_state_bytes(spec.model.resolved(), spec.parallel)
     for kind, want in predicted.items():
         assert measured[kind] == pytest.approx(want, rel=0.05), (kind, measured, predicted)

@@ -1,7 +1,7 @@
 """The job lifecycle, defined once: states, legal edges, which are terminal.
 
 Imported by the job store, the supervisor, the reconciler, the SDK and the CLI
-(shared/ARCHITECTURE.md, "Job states"). Pure Python: the SDK imports it.
+(docs/architecture.md, "The job's states"). Pure Python: the SDK imports it.
 """
 
 from __future__ import annotations
