@@ -32,7 +32,7 @@ from shardline.workers.engine.data.chat import (
     render_conversation,
 )
 from shardline.workers.engine.data.records import BadRecord, Record, read_records, record_files
-from shardline.workers.engine.data.token_cache import cache_dir, stamp_files
+from shardline.workers.engine.data.token_cache import building, cache_dir, stamp_files
 from shardline.workers.engine.data.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,9 @@ def record_documents(
     files = record_files(data.path)
     folder = cache_dir() / "records" / recipe.digest(files, access)
     if not (folder / _COUNTS).is_file():
-        _build(recipe, read_records(files, access), folder, _dtype(vocab_size))
+        with building(folder):
+            if not (folder / _COUNTS).is_file():  # another process may have built it
+                _build(recipe, read_records(files, access), folder, _dtype(vocab_size))
     return _open(folder, _dtype(vocab_size))
 
 

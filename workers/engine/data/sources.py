@@ -17,6 +17,7 @@ from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.contract.sections import DataSource
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.data.token_cache import (
+    building,
     cache_dir,
     prune_token_cache,
     stamp_files,
@@ -86,9 +87,24 @@ def text_tokens(
     dtype = token_dtype(vocab_size)
     digest = _fingerprint(files, tokenizer, access)
     cached = cache_dir() / "tokens" / f"{digest}.{np.dtype(dtype).name}"
-    if cached.exists():
-        os.utime(cached)  # used now: the last to go when the cache is pruned
-        return np.memmap(cached, dtype=dtype, mode="r")
+    if not cached.exists():
+        with building(cached):
+            if not cached.exists():  # another process may have built it meanwhile
+                _build_text_tokens(files, root, tokenizer, dtype, access, cached)
+    os.utime(cached)  # used now: the last to go when the cache is pruned
+    tokens = np.memmap(cached, dtype=dtype, mode="r")
+    prune_token_cache(cached.parent, cached, token_cache_limit())
+    return tokens
+
+
+def _build_text_tokens(
+    files: list[Path],
+    root: Path,
+    tokenizer: Tokenizer,
+    dtype: type[np.unsignedinteger],
+    access: DataAccess,
+    cached: Path,
+) -> None:
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     try:
@@ -103,9 +119,6 @@ def text_tokens(
         raise ValueError(f"data.path: no UTF-8 text found under {root}")
     os.replace(tmp, cached)  # atomic: concurrent readers see all of it or nothing
     log.info("tokenized %d files under %s into %d tokens (%s)", len(files), root, count, cached)
-    tokens = np.memmap(cached, dtype=dtype, mode="r")
-    prune_token_cache(cached.parent, cached, token_cache_limit())
-    return tokens
 
 
 def _tokenize_files(

@@ -3,8 +3,11 @@ kept under SHARDLINE_TOKEN_CACHE_BYTES by dropping the corpora used longest ago.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,27 @@ def stamp_files(h: Any, files: list[Path], access: DataAccess, field: str = "dat
         real = access.check(f, field)
         st = real.stat()
         h.update(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+
+
+@contextmanager
+def building(target: Path) -> Iterator[None]:
+    """Held while `target` (a cached corpus) is built, so that of the ranks on one node
+    that need it one tokenizes and the others wait for it and read it, rather than all
+    tokenizing the same corpus at once. An advisory lock on a file of the cache's locks
+    folder (not beside it, where pruning counts files), let go when the process ends
+    however it ends."""
+    lock = cache_dir() / "locks" / f"{target.parent.name}-{target.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process to tokenize %s", target.name)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cache_dir() -> Path:
