@@ -221,6 +221,10 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def delete(self, job_id: str) -> dict[str, Any]:
+        """Delete an ended job: its record, events, metrics, logs and checkpoints."""
+        return self._call("DELETE", f"/v1/jobs/{job_id}")
+
     def inject_fault(self, job_id: str, kind: str, rank: int = 0) -> dict[str, Any]:
         """Admins: make one rank of a running job fail (kill, hang, raise, nan)."""
         return self._call("POST", f"/v1/jobs/{job_id}/faults", json={"kind": kind, "rank": rank})

@@ -157,6 +157,18 @@ def goodput(job: JobView) -> float | None:
     return min(max((wall - job.seconds_lost) / wall, 0.0), 1.0)
 
 
+class DeletedJobPublic(_Times):
+    """A deleted job: what is kept of it. `files_removed` is false where its storage
+    could not be reached; its files are then left for an operator."""
+
+    id: str
+    name: str
+    state: str
+    steps_trained: int
+    deleted_at: datetime
+    files_removed: bool
+
+
 class JobsPublic(BaseModel):
     jobs: list[JobPublic]
     next_cursor: str | None

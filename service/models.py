@@ -113,6 +113,22 @@ class Job(Base):
     owner: Mapped[User] = relationship(lazy="selectin")
 
 
+class DeletedJob(Base):
+    """What is kept of a deleted job: which it was, whose, how far it trained, and who
+    deleted it when. Its rows, logs, metrics and checkpoints are gone."""
+
+    __tablename__ = "deleted_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    steps_trained: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column()
+    deleted_by_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    deleted_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, joinedload
 
 from shardline.service.db import Database
-from shardline.service.models import Checkpoint, Job, JobEvent, JobMetric, utcnow
+from shardline.service.models import Checkpoint, DeletedJob, Job, JobEvent, JobMetric, utcnow
 from shardline.service.principal import Viewer
 from shardline.workers.contract.events import Event, EventKind
 from shardline.workers.contract.lifecycle import ACTIVE, JobState, is_legal
@@ -282,6 +282,51 @@ class JobStore:
             if (now := self.get(job_id, viewer)).state in GOING_TO_RUN:
                 return now
             raise
+
+    def delete(self, job_id: str, viewer: Viewer) -> DeletedJob:
+        """Delete an ended job's rows (events, metrics and checkpoint records go with it),
+        keeping a `deleted_jobs` row of who deleted what and when. Refused while the job
+        runs, and while a job that has not ended starts from its checkpoints."""
+        job = self.get(job_id, viewer)
+        if not JobState(job.state).terminal:
+            raise IllegalTransition(
+                f"job {job_id} is {job.state}; only an ended job can be deleted (cancel it first)"
+            )
+        waiting = [
+            other.id
+            for other in self.active_jobs()
+            if (other.spec.get("resume_from") or {}).get("job_id") == job_id
+        ]
+        if waiting:
+            raise IllegalTransition(
+                f"job {job_id} is where job {waiting[0]} starts from (resume_from); delete "
+                "it once that job has a checkpoint of its own, or cancel it"
+            )
+        record = DeletedJob(
+            id=job.id,
+            owner_id=job.owner_id,
+            name=job.name,
+            state=job.state,
+            steps_trained=job.current_step,
+            created_at=job.created_at,
+            deleted_by_id=viewer.id,
+        )
+        with self.db.session() as s:
+            try:
+                s.add(record)
+                s.flush()
+            except IntegrityError:  # deleted by someone else a moment ago
+                s.rollback()
+                raise JobNotFound(f"no job {job_id}") from None
+            # Its events, metrics and checkpoint rows go with it (ON DELETE CASCADE).
+            gone = s.execute(delete(Job).where(Job.id == job_id, Job.version == job.version))
+            if gone.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise ConcurrentUpdate(f"job {job_id} changed while deleting it; try again")
+            s.commit()
+            s.refresh(record)
+        log.info("job %s deleted by user %d", job_id, viewer.id)
+        return record
 
     def restart_supervisor(
         self, job_id: str, reason: str, *, expected_version: int, failures: int

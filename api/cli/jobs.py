@@ -108,6 +108,24 @@ def cancel(job_id: str, url: UrlOption = None, token: TokenOption = None) -> Non
     console.print(f"{job['id']}  {job['state']}")
 
 
+def delete(
+    job_id: str,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Delete an ended job: its record, events, metrics, logs and checkpoints."""
+    if not yes and not typer.confirm(
+        f"Delete job {job_id} with its logs, metrics and checkpoints?", default=False
+    ):
+        raise fail(["not deleted"], code=1)
+    with api_errors(), client(url, token) as c:
+        gone = c.delete(job_id)
+    console.print(f"{gone['id']}  deleted")
+    if not gone["files_removed"]:
+        console.print("its files could not be removed; they are left for an operator")
+
+
 def logs(
     job_id: str,
     rank: Annotated[int, typer.Option(min=0)] = 0,

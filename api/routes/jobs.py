@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -18,6 +19,7 @@ from shardline.api.deps import (
     Keep,
     Outcome,
     RuntimeDep,
+    SettingsDep,
     StoreDep,
     authenticated,
     read_as,
@@ -29,6 +31,7 @@ from shardline.api.openapi import error_responses, request_body
 from shardline.api.schemas import (
     CheckpointPublic,
     CheckpointsPublic,
+    DeletedJobPublic,
     EventPublic,
     EventsPublic,
     JobPublic,
@@ -42,6 +45,7 @@ from shardline.workers.contract.lifecycle import JobState
 from shardline.workers.contract.sections import MAX_STEPS
 from shardline.workers.contract.spec import JobSpec
 
+log = logging.getLogger(__name__)
 router = APIRouter(
     prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401, 404, 422, 429, 503)
 )
@@ -170,6 +174,30 @@ def resume_job(job_id: str, user: CurrentUser, store: StoreDep, runtime: Runtime
     job = store.request_resume(job_id, user, f"resume requested by {user.name}")
     runtime.queue_changed()
     return JobPublic.of(job)
+
+
+@router.delete("/{job_id}", response_model=DeletedJobPublic, responses=error_responses(404, 409))
+async def delete_job(
+    job_id: str, user: CurrentUser, store: StoreDep, settings: SettingsDep
+) -> DeletedJobPublic:
+    """Delete an ended job: its record, events, metrics, logs and checkpoints. What is
+    kept is who deleted which job when. Refused (409) while it has not ended, or while a
+    job that has not ended starts from its checkpoints."""
+    deleted = await run_in_threadpool(store.delete, job_id, user)
+    try:
+        await run_in_threadpool(settings.job_layout(job_id).remove)
+        removed = True
+    except OSError as err:  # the rows are gone: the files are an operator's to remove
+        log.warning("job %s deleted, but its files could not be: %s", job_id, err)
+        removed = False
+    return DeletedJobPublic(
+        id=deleted.id,
+        name=deleted.name,
+        state=deleted.state,
+        steps_trained=deleted.steps_trained,
+        deleted_at=deleted.deleted_at,
+        files_removed=removed,
+    )
 
 
 @router.get("/{job_id}/events", response_model=EventsPublic)

@@ -22,6 +22,7 @@ TABLES = {
     "job_metrics",
     "checkpoints",
     "cluster_rates",
+    "deleted_jobs",
 }
 
 

@@ -13,6 +13,7 @@ filesystem mounted at the same path on every node. No torch, no Ray.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -76,6 +77,18 @@ class JobLayout:
         if self.checkpoint_root is None:
             return str(self.dir / "checkpoints")
         return f"{self.checkpoint_root.rstrip('/')}/{self.job_id}/checkpoints"
+
+    def remove(self) -> None:
+        """Delete everything of the job: its folder (logs, metrics, spec, exports,
+        profiles) and its checkpoints wherever they are. Raises OSError where a store
+        refuses; what was removed stays removed."""
+        if self.checkpoint_root is not None:
+            store = CheckpointStore(self.checkpoints_dir)
+            job_dir = store.root.rsplit("/", 1)[0]  # <root>/<job id>, not the root itself
+            if store.fs.exists(job_dir):
+                store.fs.rm(job_dir, recursive=True)
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
 
     def checkpoints(self) -> CheckpointStore:
         """The job's committed checkpoints (listing, finding, verifying)."""
