@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from shardline.api.cli.common import console, fail
-from shardline.service.config import Settings
+from shardline.api.cli.common import console, err_console, fail, load_settings
+from shardline.api.credentials import default_url
 from shardline.service.db import Database
 from shardline.service.migrate import upgrade_to_head
 from shardline.service.users import UserDirectory
@@ -20,7 +20,21 @@ tokens_app = typer.Typer(
 
 
 def _directory() -> tuple[UserDirectory, Database]:
-    url = Settings().resolved_database_url
+    """The server's users, in its database; never a new, empty database no server uses
+    (a token made there would work nowhere)."""
+    settings = load_settings()
+    if not settings.database_url:
+        sqlite_file = settings.state_dir / "shardline.db"
+        if not sqlite_file.is_file():
+            raise fail(
+                [
+                    f"no server database here ({sqlite_file} does not exist): run this where "
+                    "`shardline serve` runs, or set SHARDLINE_DATABASE_URL (or "
+                    "SHARDLINE_STATE_DIR) to the server's"
+                ],
+                code=1,
+            )
+    url = settings.resolved_database_url
     upgrade_to_head(url)
     db = Database(url)
     return UserDirectory(db), db
@@ -49,6 +63,12 @@ def create(
     finally:
         db.dispose()
     typer.echo(issued.token)
+    # Where the person it is for logs in with it (stderr: stdout is the token alone).
+    err_console.print(
+        f"To use it: shardline login --url {default_url()} --token {issued.token}",
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 @tokens_app.command("list")

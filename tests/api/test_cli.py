@@ -82,6 +82,7 @@ def test_token_create_list_revoke(backend: Backend, tmp_path: Path) -> None:
     created = cli("token", "create", "--name", "carol", env=env, cwd=tmp_path)
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()
+    assert f"shardline login --url http://127.0.0.1:8000 --token {token}" in created.stderr
     headers = {"Authorization": f"Bearer {token}"}
     assert httpx.get(f"{backend.server.url}/v1/jobs", headers=headers).status_code == 200
     listing = cli("token", "list", env=env, cwd=tmp_path).stdout
@@ -108,3 +109,11 @@ def test_token_create_admin_sees_everything(backend: Backend, tmp_path: Path) ->
     assert admin.returncode == 0, admin.stderr
     with backend.client(admin.stdout.strip()) as c:
         assert c.get(job_id)["owner"] != "root-ops"
+
+
+def test_token_create_refuses_where_there_is_no_server_database(tmp_path: Path) -> None:
+    env = {k: "" for k in os.environ if k.startswith("SHARDLINE_")}
+    made = cli("token", "create", "--name", "dave", env=env, cwd=tmp_path)
+    assert made.returncode == 1 and made.stdout == ""
+    assert "no server database here" in made.stderr and "SHARDLINE_DATABASE_URL" in made.stderr
+    assert not (tmp_path / ".shardline").exists()  # nothing made that no server uses
