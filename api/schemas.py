@@ -7,13 +7,21 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, overload
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+)
 
 from shardline.api.stored_json import StoredJson
 from shardline.service.job_views import JobView
 from shardline.service.models import Checkpoint, Job, JobEvent
 from shardline.service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
 from shardline.workers.contract.faults import FaultKind
+from shardline.workers.contract.lifecycle import JobState
 from shardline.workers.contract.scalars import refuse_coercion
 
 
@@ -74,21 +82,28 @@ class ErrorBody(BaseModel):
     error: ErrorInfo
 
 
-class _Times(BaseModel):
-    @field_serializer("*", when_used="json")
-    def _times(self, value: Any) -> Any:
-        return utc(value).isoformat() if isinstance(value, datetime) else value  # type: ignore[union-attr]
+def _iso_utc(value: datetime) -> str:
+    return value.replace(tzinfo=UTC).isoformat() if value.tzinfo is None else value.isoformat()
 
 
-class JobPublic(_Times):
+# A stored time in JSON: ISO 8601 in UTC (SQLite hands back naive datetimes; every stored
+# time is UTC). Typed, so the OpenAPI document says `date-time` for it.
+UtcTime = Annotated[
+    datetime,
+    PlainSerializer(_iso_utc, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
+]
+
+
+class JobPublic(BaseModel):
     id: str
     name: str
     owner: str
-    state: str
+    state: JobState
     priority: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: UtcTime
+    started_at: UtcTime | None
+    finished_at: UtcTime | None
     step: int
     steps: int
     restarts: int
@@ -157,15 +172,15 @@ def goodput(job: JobView) -> float | None:
     return min(max((wall - job.seconds_lost) / wall, 0.0), 1.0)
 
 
-class DeletedJobPublic(_Times):
+class DeletedJobPublic(BaseModel):
     """A deleted job: what is kept of it. `files_removed` is false where its storage
     could not be reached; its files are then left for an operator."""
 
     id: str
     name: str
-    state: str
+    state: JobState
     steps_trained: int
-    deleted_at: datetime
+    deleted_at: UtcTime
     files_removed: bool
 
 
@@ -174,9 +189,9 @@ class JobsPublic(BaseModel):
     next_cursor: str | None
 
 
-class EventPublic(_Times):
+class EventPublic(BaseModel):
     id: int
-    time: datetime
+    time: UtcTime
     kind: str
     message: str
     data: dict[str, Any] | None
@@ -205,13 +220,13 @@ class MetricsPublic(BaseModel):
         return {"metrics": [{**values, "step": step} for step, values in steps]}
 
 
-class CheckpointPublic(_Times):
+class CheckpointPublic(BaseModel):
     """A committed checkpoint: `created_at` is when it was committed."""
 
     step: int
     path: str
     bytes: int
-    created_at: datetime
+    created_at: UtcTime
     layout: str
     save_s: float | None
     blocking_s: float | None
@@ -262,7 +277,7 @@ class QueuedPublic(BaseModel):
     name: str
     owner: str
     priority: int
-    created_at: datetime
+    created_at: UtcTime
     reason: str | None
 
 
@@ -297,7 +312,7 @@ class ProfilePublic(BaseModel):
     world_size: int
     state: str  # recording, done or failed
     ranks_done: list[int]
-    requested_at: datetime
+    requested_at: UtcTime
     error: str | None
     trace: str | None  # where the merged trace is, once done
 

@@ -112,7 +112,7 @@ async def _run_export(
     response_class=FileResponse,
     responses={
         200: {
-            "content": {"application/zip": {}},
+            "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}},
             "description": "config.json, safetensors weights and tokenizer files, zipped",
         },
         **error_responses(409, 429, 503),

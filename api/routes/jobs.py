@@ -193,7 +193,7 @@ async def delete_job(
     return DeletedJobPublic(
         id=deleted.id,
         name=deleted.name,
-        state=deleted.state,
+        state=JobState(deleted.state),
         steps_trained=deleted.steps_trained,
         deleted_at=deleted.deleted_at,
         files_removed=removed,

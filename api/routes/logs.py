@@ -30,7 +30,12 @@ router = APIRouter(
 @router.get(
     "/{job_id}/logs",
     response_model=LogsPublic,
-    responses={200: {"content": {"text/plain": {}}, "description": "follow=true: a stream"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "follow=true: a stream",
+        }
+    },
 )
 def job_logs(
     job_id: str,
@@ -67,7 +72,12 @@ def job_logs(
 @router.get(
     "/{job_id}/logs/download",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/plain": {}}, "description": "the rank's whole log"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "the rank's whole log",
+        }
+    },
 )
 def download_log(
     job_id: str,

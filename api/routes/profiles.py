@@ -116,7 +116,10 @@ def profile_state(
     "/{job_id}/profiles/{profile_id}/trace",
     response_class=FileResponse,
     responses={
-        200: {"description": "A Chrome trace (JSON)", "content": {"application/json": {}}},
+        200: {
+            "description": "A Chrome trace (JSON)",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
         **error_responses(409),
     },
 )

@@ -141,7 +141,7 @@ def test_stateful_sequences_pass_every_check(backend: Backend) -> None:
     [
         ("/v1/jobs", "GET, OPTIONS, POST"),
         ("/v1/jobs/abc/faults", "OPTIONS, POST"),
-        ("/v1/jobs/abc", "GET, OPTIONS, PATCH"),
+        ("/v1/jobs/abc", "DELETE, GET, OPTIONS, PATCH"),
     ],
 )
 def test_options_names_every_method_of_the_path(backend: Backend, path: str, allow: str) -> None:
