@@ -65,7 +65,13 @@ class ServerUnreachable(ShardlineError):
 
     def __init__(self, url: str, err: httpx.TransportError, request: str = "") -> None:
         detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        if isinstance(err, _STALE_CONNECTION) and not request.startswith("GET"):
+        if isinstance(err, httpx.UnsupportedProtocol):
+            code = "bad_url"
+            message = (
+                f"the server address {url} does not start with http:// or https://; "
+                f"write it as http://{url.split('://')[-1]} (--url, SHARDLINE_URL or login)"
+            )
+        elif isinstance(err, _STALE_CONNECTION) and not request.startswith("GET"):
             # Sent, then the connection broke: the server may have done it.
             code = "connection_lost"
             message = (

@@ -26,10 +26,11 @@ from shardline.service.models import Job
 from shardline.service.principal import Viewer
 from shardline.service.queue import queued_in_order, set_priority
 
-router = APIRouter(tags=["cluster"], responses=error_responses(401, 429, 503))
+# Tagged per route: PATCH /v1/jobs/{id} is about a job, not the cluster.
+router = APIRouter(responses=error_responses(401, 429, 503))
 
 
-@router.get("/v1/cluster", response_model=ClusterPublic)
+@router.get("/v1/cluster", response_model=ClusterPublic, tags=["cluster"])
 def cluster(user: CurrentUser, runtime: RuntimeDep, db: DatabaseDep) -> ClusterPublic:
     """Ray's resources, each node with what every job's ranks hold there, jobs by state
     and the queue in the order the scheduler considers it. An administrator sees every

@@ -89,3 +89,10 @@ def test_the_sdk_s_defaults_are_the_server_s(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SHARDLINE_PORT", "9000")
     assert local_admin_token_file() == Settings().resolved_admin_token_file
     assert default_url().endswith(":9000")
+
+
+def test_an_address_without_a_scheme_says_how_to_write_it() -> None:
+    with Client("127.0.0.1:9", "token") as client, pytest.raises(ServerUnreachable) as caught:
+        client.list()
+    assert caught.value.code == "bad_url"
+    assert "write it as http://127.0.0.1:9" in caught.value.message

@@ -77,3 +77,15 @@ def test_the_generated_client_reads_a_job_as_the_api_writes_it(
         assert read.created_at.tzinfo is not None  # UTC, and said so
     finally:
         sys.path.remove(str(generated))
+
+
+def test_each_operation_is_tagged_with_what_it_is_about(generated: Path) -> None:
+    doc = json.loads((generated.parent / "openapi.json").read_text())
+    tags = {
+        (method.upper(), path): op.get("tags")
+        for path, ops in doc["paths"].items()
+        for method, op in ops.items()
+    }
+    assert tags[("PATCH", "/v1/jobs/{job_id}")] == ["jobs"]
+    assert tags[("GET", "/v1/cluster")] == ["cluster"]
+    assert all(t and len(t) == 1 for t in tags.values()), tags
