@@ -39,6 +39,7 @@ def test_an_ended_job_is_deleted_whole_and_the_deletion_kept(
     job_id = ended_job(backend, client)
     layout = backend.server.settings.job_layout(job_id)
     assert layout.dir.is_dir() and layout.checkpoints().committed()
+    assert client.get(job_id)["state"] == "CANCELLED"  # read (and kept) just before
     gone = client.delete(job_id)
     assert (gone["id"], gone["state"], gone["files_removed"]) == (job_id, "CANCELLED", True)
     assert not layout.dir.exists()

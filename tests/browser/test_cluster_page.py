@@ -4,16 +4,19 @@ page, and every page fits a 390 px wide phone screen."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
+from sqlalchemy import update
 
-from shardline.api.client import Client
+from shardline.api.client import Client, NotFound
 from shardline.service.config import Settings
 from shardline.service.db import Database
 from shardline.service.migrate import upgrade_to_head
+from shardline.service.models import Job
 from shardline.service.users import UserDirectory
 from tests.browser.conftest import PHONE, Sandboxed
 from tests.browser.test_status_page import long_job, sign_in
@@ -117,4 +120,40 @@ def test_every_page_fits_a_phone(
         page.goto(f"{server.url}/#/jobs/{job['id']}")
         expect(page.locator("#job-state")).to_have_text("CANCELLED")
         expect(page.locator("#loss-chart .no-data")).to_have_text("nothing was logged")
+        # A job that failed on a file deep in a folder: the path wraps, and the failures
+        # are said as they ended (no budget left to spend beside "not retried").
+        failed = api.submit(long_job("failed"))
+        deep = "/srv/shardline/data/" + "/".join(["a_rather_long_folder_name"] * 12) + "/x.bin"
+        fail_job(
+            settings, failed["id"], f"data.path: {deep} is not a whole number of ids; not retried"
+        )
+        page.goto(f"{server.url}/#/jobs/{failed['id']}")
+        expect(page.locator("#job-state")).to_have_text("FAILED")
+        expect(page.locator("#job-summary")).to_contain_text("not retried")
+        failures = page.locator("#job-summary dt", has_text="Failures").locator(
+            "xpath=following-sibling::dd[1]"
+        )
+        expect(failures).to_have_text("1")
+        no_sideways_scroll(page, "failed job page")
+        # An ended job goes from its page, after a question.
+        expect(page.get_by_role("button", name="Delete job")).to_be_visible()
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.get_by_role("button", name="Delete job").click()
+        expect(page).to_have_url(re.compile(r"#/$"))  # back to the list, once deleted
+        with pytest.raises(NotFound):
+            api.get(failed["id"])
+        expect(page.locator("#jobs tbody tr")).to_have_count(1)  # the cancelled one
     assert sandboxed_page.outside == []
+
+
+def fail_job(settings: Settings, job_id: str, reason: str) -> None:
+    """The job as a deterministic failure leaves it: FAILED after one failure."""
+    db = Database(settings.resolved_database_url)
+    with db.session() as s:
+        s.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(state="FAILED", failures=1, failure_reason=reason)
+        )
+        s.commit()
+    db.dispose()

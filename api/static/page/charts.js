@@ -49,11 +49,13 @@ function drawMarks(u, marks) {
 }
 
 export class Chart {
-  // series: [{ key, label, color, scale }]; `value(row, key)` reads a row's value.
-  constructor(box, series, { value = (row, key) => row[key], marked = false } = {}) {
+  // series: [{ key, label, color, scale }]; `value(row, key)` reads a row's value;
+  // `bytes`: the values are bytes, labelled in the unit their size needs.
+  constructor(box, series, { value = (row, key) => row[key], marked = false, bytes = false } = {}) {
     this.box = box;
     this.series = series;
     this.value = value;
+    this.bytes = bytes;
     this.marked = marked;
     this.plot = null;
     this.log = false;
@@ -118,7 +120,8 @@ export class Chart {
       axes: [
         { label: "step", size: 36 },
         {
-          values: (u, splits, axis, space, incr) => splits.map((v) => tick(v, incr)),
+          values: (u, splits, axis, space, incr) =>
+            this.bytes ? byteTicks(splits, incr) : splits.map((v) => tick(v, incr)),
           // As wide as its longest label (about 7 px a character at the axis font).
           size: (u, values) => 16 + 7 * Math.max(4, ...(values ?? []).map((v) => v.length)),
         },
@@ -158,6 +161,21 @@ export class Chart {
     this.observer.disconnect();
     this.destroy();
   }
+}
+
+// Byte ticks in the one unit the largest needs (KiB to TiB): "300 MiB", not "2.9e-1 GiB".
+export function byteTicks(splits, incr) {
+  const top = Math.max(...splits.map((v) => Math.abs(v)));
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  const power = Math.min(Math.max(Math.floor(Math.log2(top || 1) / 10), 0), units.length - 1);
+  const div = 2 ** (10 * power);
+  // As many decimals as the spacing has (2.5 MiB apart: one), up to three.
+  const step = incr / div;
+  let digits = Math.max(0, -Math.floor(Math.log10(step || 1)));
+  while (digits < 3 && Math.abs(step * 10 ** digits - Math.round(step * 10 ** digits)) > 1e-6) {
+    digits += 1;
+  }
+  return splits.map((v) => (v === 0 ? "0" : `${(v / div).toFixed(digits)} ${units[power]}`));
 }
 
 // Axis labels with as many digits as the ticks' spacing needs, readable from a learning

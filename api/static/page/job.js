@@ -48,11 +48,12 @@ export class JobPage {
     $("cancel").onclick = () => this.act("cancel", "Cancel this job?");
     $("pause").onclick = () => this.act("pause");
     $("resume").onclick = () => this.act("resume");
+    $("delete").onclick = () => this.remove();
     $("marks").replaceChildren();
     $("ranks-section").hidden = true;
     $("parent-link").hidden = true;
     this.profiling = new ProfileControl(jobId);
-    const gib = (row, key) => (row.mem_bytes?.[key] ?? NaN) / 2 ** 30;
+    const memory = (row, key) => row.mem_bytes?.[key] ?? NaN;
     this.charts = [
       new Chart($("loss-chart"), LOSS_SERIES, { marked: true }),
       new Chart($("throughput-chart"), [{ key: "tokens_per_s", label: "tokens/s", color: "#2f5fd0" }]),
@@ -61,9 +62,9 @@ export class JobPage {
         { marked: true }),
       new Chart($("mfu-chart"), [{ key: "mfu", label: "MFU", color: "#2f5fd0" }]),
       new Chart($("memory-chart"), MEMORY_KINDS.map(([key, color]) => ({ key, label: key, color })),
-        { value: gib }),
-      new Chart($("traffic-chart"), [{ key: "grad_bytes", label: "MiB", color: "#2f5fd0" }],
-        { value: (row) => (row.grad_bytes ?? NaN) / 2 ** 20 }),
+        { value: memory, bytes: true }),
+      new Chart($("traffic-chart"), [{ key: "grad_bytes", label: "bytes", color: "#2f5fd0" }],
+        { value: (row) => row.grad_bytes ?? NaN, bytes: true }),
     ];
     $("smoothing").oninput = () => this.drawCharts();
     $("log-scale").onchange = () => this.drawCharts();
@@ -150,6 +151,19 @@ export class JobPage {
     this.onChange?.();
   }
 
+  // An ended job, with its logs, metrics and checkpoints; then the list.
+  async remove() {
+    if (!window.confirm("Delete this job with its logs, metrics and checkpoints?")) return;
+    $("action-error").textContent = "";
+    try {
+      await api(`/v1/jobs/${encodeURIComponent(this.jobId)}`, { method: "DELETE" });
+    } catch (err) {
+      $("action-error").textContent = `Could not delete: ${err.message}`;
+      return;
+    }
+    window.location.hash = "#/";
+  }
+
   renderJob(job) {
     document.title = `${job.name} · Shardline`;
     $("job-title").textContent = job.name;
@@ -158,13 +172,16 @@ export class JobPage {
     $("cancel").hidden = TERMINAL.has(job.state) || job.state === "CANCELLING";
     $("pause").hidden = job.state !== "RUNNING";
     $("resume").hidden = job.state !== "PAUSED";
+    $("delete").hidden = !TERMINAL.has(job.state);
     this.profiling.show(job);
     const m = job.latest_metrics ?? {};
     const rows = [
       ["Job id", job.id], ["Owner", job.owner], ["Priority", job.priority],
       ["Step", `${job.step}/${job.steps}`],
       ["Loss", fmt(m.loss)], ["Tokens/s", fmt(m.tokens_per_s, 0)], ["Restarts", job.restarts],
-      ["Failures", `${job.failures} of at most ${job.spec.fault_tolerance?.max_failures ?? "–"}`],
+      // The budget only while it can still be spent: an ended job was retried or not.
+      ["Failures", TERMINAL.has(job.state) ? String(job.failures)
+        : `${job.failures} of at most ${job.spec.fault_tolerance?.max_failures ?? "–"}`],
       ["Age", age(job.created_at)], ["Started", when(job.started_at)],
       ["Finished", when(job.finished_at)],
     ];
