@@ -28,6 +28,13 @@ def demo(
     console.print(f"Starting Shardline (state in {state_dir}/) ...")
     with local_service(state_dir) as svc, api_errors(), svc.client() as client:
         console.print(f"Service up at {svc.url}; submitting {spec_path}")
+        token_file = (state_dir / "admin-token").absolute()
+        console.print(
+            f"The admin token is in {token_file}; the CLI finds it when run from this "
+            f"folder. From any other: shardline login --url {svc.url} --token "
+            f'"$(cat {token_file})"',
+            soft_wrap=True,
+        )
         job = client.submit(spec)
         # The page link while the server is up to show it; after the run it is stopped.
         console.print(f"Watch it at {svc.url}/#/jobs/{job['id']} while it runs.", soft_wrap=True)

@@ -87,6 +87,10 @@ def test_demo_runs_a_job_to_success_and_stops_everything(tmp_path: Path) -> None
     assert "SUCCEEDED after 6 steps" in out
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert summary["steps"] == 6 and summary["layout"] == "pp=1,dp=2,tp=1,zero=1,fp32"
+    # Where the admin token is and how to log in with it, never the token itself.
+    token_file = (tmp_path / "state" / "admin-token").absolute()
+    assert f"The admin token is in {token_file}" in out and "shardline login --url" in out
+    assert token_file.read_text().strip() not in out
     # It stopped the service and the Ray head it started.
     assert "Stopped." in out
     assert not left_ray, "demo left its Ray head running"
