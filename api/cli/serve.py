@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
+from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
@@ -47,6 +49,7 @@ def serve(
     # The port first: a port taken is said in one line before anything is started.
     listener = listen_on(settings.host, settings.port)
     bound_port = listener.getsockname()[1]
+    private_state(settings.state_dir)
     url = settings.resolved_database_url
     upgrade_to_head(url)
     db = Database(url)
@@ -98,6 +101,16 @@ def serve(
                 "job(s); `shardline serve` re-attaches to it."
             )
         db.dispose()
+
+
+def private_state(state_dir: Path) -> None:
+    """Everything the service writes from here on is its user's alone (the database, the
+    admin token, logs, checkpoints, the local Ray head's files): folders 0700, files 0600.
+    A state folder an older version made readable to others is made private too."""
+    os.umask(0o077)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if state_dir.stat().st_uid == os.getuid():
+        state_dir.chmod(0o700)
 
 
 def listen_on(host: str, port: int) -> socket.socket:

@@ -80,7 +80,12 @@ def _ready(port: int) -> bool:
 def test_first_start_creates_an_admin_token_once(tmp_path: Path) -> None:
     port = free_port()
     state = tmp_path / ".shardline"
+    state.mkdir(mode=0o755)  # as an older version left it: readable by anyone
     with serving(tmp_path, port) as first:
+        # The state folder and what is in it are the service's user's alone.
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+        for path in [state / "shardline.db", *state.rglob("*")]:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
         token_file = state / "admin-token"
         token = token_file.read_text().strip()
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
