@@ -97,8 +97,11 @@ def read_saved(path: Path) -> dict[str, str]:
 
 
 def save_credentials(url: str, token: str, path: Path) -> None:
-    """Write the login for this user only: folder 0700, file 0600, replaced atomically."""
+    """Write the login for this user only: folder 0700, file 0600, replaced atomically.
+    A folder that already exists open to others (mkdir leaves it as it was) is closed."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.parent.stat().st_uid == os.getuid():
+        path.parent.chmod(0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:

@@ -76,6 +76,9 @@ def test_the_saved_login_is_private_and_can_be_forgotten(home: dict[str, str]) -
     assert not forget_credentials(path)
     path.write_text("not json")
     assert read_saved(path) == {}
+    path.parent.chmod(0o755)  # opened to others since
+    save_credentials("http://h:1", "secret", path)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 def test_a_client_without_a_token_says_how_to_give_one() -> None:
