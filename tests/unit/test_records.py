@@ -184,14 +184,11 @@ def test_chat_renders_as_transformers_and_learns_the_assistant_turns(tmp_path: P
     want = hf.apply_chat_template(
         messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
-    assert ids == list(want["input_ids"])
-    assert [int(x) for x in learned] == list(want["assistant_masks"])
-    assert (
-        hf.decode([i for i, keep in zip(ids, learned, strict=True) if keep])
-        == "Oui.<|im_end|>\nDone.<|im_end|>\n"
-    )
-    everything = render_conversation(template, tokenizer, messages, train_on_prompt=True)
-    assert everything == (ids, [True] * len(ids))
+    assert ids.tolist() == list(want["input_ids"])
+    assert learned.astype(int).tolist() == list(want["assistant_masks"])
+    assert hf.decode(ids[learned].tolist()) == "Oui.<|im_end|>\nDone.<|im_end|>\n"
+    every_id, every_learned = render_conversation(template, tokenizer, messages, True)
+    assert every_id.tolist() == ids.tolist() and every_learned.all()
 
 
 def test_the_template_comes_from_the_spec_or_beside_the_tokenizer(tmp_path: Path) -> None:
@@ -315,3 +312,9 @@ def test_records_fields_belong_to_records() -> None:
         DataSpec.model_validate({"source": "records", "path": "x", "chat_template": "{{ x }}"})
     stored = json.loads(DataSpec().model_dump_json())
     assert DataSpec.model_validate(stored).source == "synthetic"  # every field given back
+
+
+def test_the_byte_tokenizer_says_which_character_each_byte_starts() -> None:
+    ids, starts = ByteTokenizer().encode_offsets("aé—b")
+    assert ids.tolist() == list("aé—b".encode())
+    assert starts.tolist() == [0, 1, 1, 2, 2, 2, 3]

@@ -19,6 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.engine.data.records import BadRecord
 from shardline.workers.engine.data.tokenizers import Tokenizer
@@ -221,13 +223,16 @@ def render_conversation(
     tokenizer: Tokenizer,
     messages: Sequence[dict[str, Any]],
     train_on_prompt: bool,
-) -> tuple[list[int], list[bool]]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of the rendered conversation and, for each, whether the loss learns it:
     tokens that start inside an assistant turn (every token with `train_on_prompt`)."""
     if train_on_prompt:
         ids, _ = tokenizer.encode_offsets(template.render(list(messages)))
-        return ids, [True] * len(ids)
+        return ids, np.ones(len(ids), dtype=bool)
     text, spans = assistant_spans(template, messages)
     ids, starts = tokenizer.encode_offsets(text)
-    learned = [any(a <= s < b for a, b in spans) for s in starts]
+    # Token starts are in order: each span's tokens are one slice of them.
+    learned = np.zeros(len(ids), dtype=bool)
+    for a, b in spans:
+        learned[np.searchsorted(starts, a) : np.searchsorted(starts, b)] = True
     return ids, learned

@@ -207,8 +207,8 @@ def _write(
 def _append(
     tokens: BinaryIO,
     learned: BinaryIO,
-    ids: list[int],
-    mask: list[bool],
+    ids: np.ndarray,
+    mask: np.ndarray,
     dtype: type[np.unsignedinteger],
 ) -> None:
     tokens.write(np.asarray(ids, dtype=dtype).tobytes())
@@ -217,8 +217,8 @@ def _append(
 
 def record_pieces(
     recipe: Recipe, record: Record, counts: dict[str, int]
-) -> list[tuple[list[int], list[bool]]]:
-    """The documents one record gives: (token ids, learned) pairs."""
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The documents one record gives: (token ids, learned) pairs of arrays."""
     data, window = recipe.data, recipe.window
     if record.error is not None:
         raise BadRecord(record.error)
@@ -230,9 +230,9 @@ def record_pieces(
                 f"data: {record.where} {what} field {data.text_field!r} (data.text_field)",
                 "data.text_field",
             )
-        ids = recipe.tokenizer.encode(text)
+        ids = np.asarray(recipe.tokenizer.encode(text), dtype=np.int64)
         return [
-            (ids[i : i + window], [True] * len(ids[i : i + window]))
+            (ids[i : i + window], np.ones(len(ids[i : i + window]), dtype=bool))
             for i in range(0, len(ids), window)
         ]
     messages = check_messages(
@@ -240,21 +240,18 @@ def record_pieces(
     )
     assert recipe.template is not None
     try:
-        ids, mask = render_conversation(
+        chat_ids, mask = render_conversation(
             recipe.template, recipe.tokenizer, messages, data.train_on_prompt
         )
     except ChatTemplateError as err:
         raise BadRecord(f"data: {record.where}: {err}", "data.chat_template") from None
-    if len(ids) > window:
-        if data.overflow == Overflow.drop:
-            counts["dropped"] += 1
-            return []
-        cut = len(ids) - window
-        ids, mask = ids[:window], mask[:window]
-    else:
-        cut = 0
-    if not any(mask[1:]):  # nothing left to learn (no assistant turn in the window)
+    cut = max(0, len(chat_ids) - window)
+    if cut and data.overflow == Overflow.drop:
+        counts["dropped"] += 1
+        return []
+    chat_ids, mask = chat_ids[:window], mask[:window]
+    if not mask[1:].any():  # nothing left to learn (no assistant turn in the window)
         counts["dropped"] += 1
         return []
     counts["truncated"] += cut > 0
-    return [(ids, mask)]
+    return [(chat_ids, mask)]

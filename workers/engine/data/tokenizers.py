@@ -6,6 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from shardline.workers.contract.data_access import DataAccess
 
 BYTE_VOCAB_SIZE = 256
@@ -26,9 +28,10 @@ class Tokenizer(Protocol):
         """The special tokens `encode` puts before and after a whole text."""
         ...
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         """`encode_piece(text)` and, for each token, the index of the character it
-        starts at (a chat template's output holds its special tokens as text)."""
+        starts at (a chat template's output holds its special tokens as text); both
+        int64 arrays."""
         ...
 
     def decode(self, ids: list[int]) -> str: ...
@@ -49,10 +52,11 @@ class ByteTokenizer:
     def affixes(self) -> tuple[list[int], list[int]]:
         return [], []
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        ids = self.encode(text)
-        starts = [i for i, char in enumerate(text) for _ in range(len(char.encode("utf-8")))]
-        return ids, starts
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        # A character starts at each byte that is not a UTF-8 continuation (10xxxxxx).
+        starts = np.cumsum((raw & 0xC0) != 0x80, dtype=np.int64) - 1
+        return raw.astype(np.int64), starts
 
     def decode(self, ids: list[int]) -> str:
         # A model's vocabulary may be larger than 256: ids past the bytes are not text.
@@ -127,9 +131,10 @@ class HFTokenizer:
                 return special[:start], special[start + len(plain) :]
         return [], []
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         encoding = self._tok.encode(text, add_special_tokens=False)
-        return list(encoding.ids), [start for start, _ in encoding.offsets]
+        starts = [start for start, _ in encoding.offsets]
+        return np.asarray(encoding.ids, dtype=np.int64), np.asarray(starts, dtype=np.int64)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids))
