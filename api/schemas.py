@@ -23,6 +23,7 @@ from shardline.service.profiles import MAX_STEPS as MAX_PROFILE_STEPS
 from shardline.workers.contract.faults import FaultKind
 from shardline.workers.contract.lifecycle import JobState
 from shardline.workers.contract.scalars import refuse_coercion
+from shardline.workers.contract.sections import ModelSpec
 
 
 def utc(value: datetime | None) -> datetime | None:
@@ -121,6 +122,9 @@ class JobPublic(BaseModel):
     latest_checkpoint: str | None
     version: int
     spec: dict[str, Any]
+    # The model's whole shape (a preset's values with the spec's overrides, or a model
+    # folder's), for comparing jobs: given by GET /v1/jobs/{id}, not in listings.
+    model_shape: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, job: Job | JobView) -> JobPublic:
@@ -158,6 +162,15 @@ class JobPublic(BaseModel):
             "version": job.version,
             "spec": StoredJson.of(job.spec_text),
         }
+
+
+def model_shape(job: JobView) -> dict[str, Any] | None:
+    """The job's model as resolved from its spec (None where the stored spec no longer
+    reads as one)."""
+    try:
+        return ModelSpec.model_validate(job.spec.get("model", {})).resolved()
+    except (ValueError, KeyError):
+        return None
 
 
 def goodput(job: JobView) -> float | None:

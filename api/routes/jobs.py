@@ -37,6 +37,7 @@ from shardline.api.schemas import (
     JobPublic,
     JobsPublic,
     MetricsPublic,
+    model_shape,
 )
 from shardline.service.models import Checkpoint, JobEvent
 from shardline.service.principal import Principal
@@ -132,7 +133,8 @@ async def get_job(job_id: str, request: Request, credentials: BearerDep) -> Resp
             return user, Outcome(error=JobNotFound(f"no job {job_id}"))
         if view is None:  # an unknown or revoked token: a 401
             return user, Outcome()
-        return user, Outcome(value=(view.owner_id, json_bytes(JobPublic.fields(view))))
+        body = {**JobPublic.fields(view), "model_shape": model_shape(view)}
+        return user, Outcome(value=(view.owner_id, json_bytes(body)))
 
     # Kept once for every reader: each given it only if they may see the job.
     keep: Keep[tuple[int, bytes]] = Keep(

@@ -96,7 +96,11 @@ export class ComparePage {
   }
 
   renderDiff(jobs) {
-    const flat = jobs.map((job) => flatten(job.spec));
+    // The model as resolved (a preset's values, a model folder's): two jobs of one shape
+    // do not differ because one named it and the other did not.
+    const flat = jobs.map((job) => flatten({
+      ...job.spec, model: { ...job.spec.model, ...(job.model_shape ?? {}) },
+    }));
     const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort();
     const differing = keys.filter((key) => new Set(flat.map((f) => f[key] ?? "–")).size > 1);
     $("compare-same").hidden = differing.length > 0;
