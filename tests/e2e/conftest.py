@@ -15,7 +15,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
-from shardline.api.client import Client
+from shardline.api.client import TERMINAL_STATES, Client
 from shardline.service.config import Settings
 from shardline.service.db import Database
 from shardline.service.local_ray import LocalRay
@@ -124,8 +124,11 @@ def wait_for(
         job = client.get(job_id)
         if predicate(job):
             return job
-        # No condition these tests wait for can still come true once the job has failed.
+        # No condition these tests wait for can still come true once the job has failed;
+        # nor, once it has ended, one it does not already meet: say so now, not at the
+        # deadline.
         assert job["state"] != "FAILED", f"the job failed: {job['failure_reason']}"
+        assert job["state"] not in TERMINAL_STATES, f"the job ended {job['state']}: {job}"
         assert time.monotonic() < deadline, f"timed out; job is {job['state']}: {job}"
         time.sleep(0.3)
 

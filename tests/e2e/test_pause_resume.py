@@ -53,7 +53,9 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         follower = subprocess.Popen(
             [SHARDLINE, "follow", job["id"]], env=env, stdout=PIPE, stderr=PIPE, text=True
         )
-        wait_for(c, job["id"], lambda j: j["step"] >= 3, LIMIT_S)
+        # Paused as soon as it trains: the rest of the run is the margin a loaded machine
+        # needs to deliver the pause before the job would end.
+        wait_for(c, job["id"], lambda j: j["step"] >= 1, LIMIT_S)
         assert c.pause(job["id"])["state"] in ("PAUSING", "PAUSED")
         paused = wait_for(c, job["id"], lambda j: j["state"] == "PAUSED", LIMIT_S)
         time.sleep(1.5)  # more than the follower's poll: it has seen PAUSED
@@ -62,7 +64,7 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         checkpoints = c.checkpoints(job["id"])
         assert len(checkpoints) == 1, checkpoints
         at = checkpoints[0]["step"]
-        assert 3 <= at < STEPS and paused["latest_checkpoint"] == checkpoints[0]["path"]
+        assert 1 <= at < STEPS and paused["latest_checkpoint"] == checkpoints[0]["path"]
         assert checkpoints[0]["bytes"] > 0 and checkpoints[0]["save_s"] > 0
         assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=2,zero=1")
 
