@@ -161,6 +161,7 @@ class JobPublic(BaseModel):
             "latest_checkpoint": job_relative(job.latest_checkpoint),
             "version": job.version,
             "spec": StoredJson.of(job.spec_text),
+            "model_shape": None,  # GET /v1/jobs/{id} fills it in
         }
 
 
