@@ -28,6 +28,11 @@ class NoCredentials(Exception):
     """No token anywhere the CLI and the SDK look; the message says where they looked."""
 
 
+class BadSetting(ValueError):
+    """A SHARDLINE_* variable the address is made from that cannot be one; the message
+    names it."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     url: str
@@ -45,7 +50,10 @@ def config_file(environ: Mapping[str, str] = os.environ) -> Path:
 
 def default_url(environ: Mapping[str, str] = os.environ) -> str:
     """The address a server on this machine's defaults (SHARDLINE_HOST/PORT) answers on."""
-    return server_url(environ.get(HOST_ENV) or DEFAULT_HOST, environ.get(PORT_ENV) or DEFAULT_PORT)
+    port = (environ.get(PORT_ENV) or DEFAULT_PORT).strip()
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise BadSetting(f"{PORT_ENV}: {port!r} is not a port number (0-65535)")
+    return server_url(environ.get(HOST_ENV) or DEFAULT_HOST, int(port))
 
 
 def server_url(host: str, port: int | str) -> str:

@@ -123,17 +123,23 @@ class JobPublic(BaseModel):
     version: int
     spec: dict[str, Any]
     # The model's whole shape (a preset's values with the spec's overrides, or a model
-    # folder's), for comparing jobs: given by GET /v1/jobs/{id}, not in listings.
+    # folder's), for comparing jobs: given for one job (GET, and what a write returns),
+    # not in listings.
     model_shape: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, job: Job | JobView) -> JobPublic:
         """A job as the API reports it: from a read's view, or the row a write returned."""
         view = JobView.of(job) if isinstance(job, Job) else job
-        fields = cls.fields(view)
+        fields = cls.one(view)
         fields["latest_metrics"] = json_safe(fields["latest_metrics"])
         fields["spec"] = json_safe(view.spec)
         return cls(**fields)
+
+    @classmethod
+    def one(cls, job: JobView) -> dict[str, Any]:
+        """`fields` of one job, with its model's shape (GET /v1/jobs/{id}, writes)."""
+        return {**cls.fields(job), "model_shape": model_shape(job)}
 
     @staticmethod
     def fields(job: JobView) -> dict[str, Any]:

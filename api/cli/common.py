@@ -19,7 +19,7 @@ from rich.progress import (
 )
 
 from shardline.api.client import Client, ShardlineError
-from shardline.api.credentials import NoCredentials, find_credentials
+from shardline.api.credentials import BadSetting, NoCredentials, find_credentials
 from shardline.service.config import Settings
 from shardline.workers.contract.spec import JobSpec, describe_errors, load_spec
 from shardline.workers.contract.spec_errors import SpecFileError
@@ -91,7 +91,7 @@ def client(url: str | None, token: str | None) -> Client:
     file or ./.shardline/admin-token; an authentication error names which."""
     try:
         found = find_credentials(url, token)
-    except NoCredentials as err:
+    except (NoCredentials, BadSetting) as err:
         raise fail([str(err)]) from None
     except ValidationError as err:  # a SHARDLINE_* setting the service would refuse too
         raise fail(settings_errors(err)) from None

@@ -10,7 +10,7 @@ import typer
 
 from shardline.api.cli.common import api_errors, console, fail, read_spec
 from shardline.api.cli.watching import follow_job
-from shardline.api.credentials import default_url
+from shardline.api.credentials import BadSetting, default_url
 
 
 def demo(
@@ -48,8 +48,16 @@ def demo(
         console.print("Stopping the service ...")
     console.print(
         f"Stopped. The job is kept in {state_dir}/: `SHARDLINE_STATE_DIR={state_dir} "
-        f".venv/bin/shardline serve` shows it again at {default_url()}/#/jobs/{final['id']}.",
+        f".venv/bin/shardline serve` shows it again at {_serve_url()}/#/jobs/{final['id']}.",
         soft_wrap=True,
     )
     if final["state"] != "SUCCEEDED":
         raise fail([f"job ended {final['state']}: {final.get('failure_reason')}"], code=1)
+
+
+def _serve_url() -> str:
+    """Where `shardline serve` here would answer (its defaults, or SHARDLINE_HOST/PORT)."""
+    try:
+        return default_url()
+    except BadSetting:  # serve would refuse it too, and say so
+        return "http://127.0.0.1:8000"

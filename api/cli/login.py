@@ -13,6 +13,7 @@ from shardline.api.client import Client
 from shardline.api.credentials import (
     TOKEN_ENV,
     URL_ENV,
+    BadSetting,
     config_file,
     default_url,
     forget_credentials,
@@ -39,7 +40,10 @@ def login(
 
     Checks that they work first. `Client.from_env()` uses them too."""
     settings = load_settings()
-    url = url or os.environ.get(URL_ENV) or default_url()
+    try:
+        url = url or os.environ.get(URL_ENV) or default_url()
+    except BadSetting as err:
+        raise fail([str(err)]) from None
     token = token or os.environ.get(TOKEN_ENV) or _local_admin_token(settings)
     if not token:
         token = typer.prompt("API token", hide_input=True).strip()

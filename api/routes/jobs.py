@@ -37,7 +37,6 @@ from shardline.api.schemas import (
     JobPublic,
     JobsPublic,
     MetricsPublic,
-    model_shape,
 )
 from shardline.service.models import Checkpoint, JobEvent
 from shardline.service.principal import Principal
@@ -133,8 +132,7 @@ async def get_job(job_id: str, request: Request, credentials: BearerDep) -> Resp
             return user, Outcome(error=JobNotFound(f"no job {job_id}"))
         if view is None:  # an unknown or revoked token: a 401
             return user, Outcome()
-        body = {**JobPublic.fields(view), "model_shape": model_shape(view)}
-        return user, Outcome(value=(view.owner_id, json_bytes(body)))
+        return user, Outcome(value=(view.owner_id, json_bytes(JobPublic.one(view))))
 
     # Kept once for every reader: each given it only if they may see the job.
     keep: Keep[tuple[int, bytes]] = Keep(

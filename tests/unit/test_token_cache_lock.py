@@ -3,76 +3,82 @@ read what it wrote (not every rank tokenizing the same corpus at once)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
-import time
-from collections.abc import Callable
-from functools import partial
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
+from tests.support.records import write_jsonl
+
+# One "rank": the build marked (a file per call) and slowed, so that the others arrive
+# while it runs; then what it read, printed. Its own process, as ranks are (spawned, not
+# forked from this test's threads).
+RANK = """
+import json, os, sys, time
+from pathlib import Path
+import numpy as np
 from shardline.workers.contract.sections import DataSpec
 from shardline.workers.engine.data import documents, sources
 from shardline.workers.engine.data.tokenizers import ByteTokenizer
-from tests.support.records import write_jsonl
+
+kind, path, marks = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+module, name = (sources, "_tokenize_files") if kind == "text" else (documents, "_write")
+original = getattr(module, name)
+
+def build(*args, **kwargs):
+    (marks / f"{os.getpid()}").touch()
+    time.sleep(0.5)
+    return original(*args, **kwargs)
+
+setattr(module, name, build)
+if kind == "text":
+    tokens = sources.text_tokens(path, ByteTokenizer(), 256)
+else:
+    spec = DataSpec.model_validate({"source": "records", "path": str(path)})
+    tokens = documents.record_documents(spec, 32, 256).tokens
+print(json.dumps(np.asarray(tokens).tolist()))
+"""
 
 
-def counted(original: Callable[..., Any], marks: Path) -> Callable[..., Any]:
-    """`original`, leaving a file in `marks` per call and taking a while."""
-
-    def build(*args: Any, **kwargs: Any) -> Any:
-        (marks / f"{os.getpid()}-{time.monotonic_ns()}").touch()
-        time.sleep(0.5)  # long enough for the others to arrive meanwhile
-        return original(*args, **kwargs)
-
-    return build
-
-
-def in_processes(target: Callable[[], np.ndarray], n: int = 3) -> list[np.ndarray]:
-    ctx = mp.get_context("fork")  # the patched functions go with the children
-    with ctx.Pool(n) as pool:
-        return pool.starmap(_call, [(target,)] * n)
-
-
-def _call(target: Callable[[], np.ndarray]) -> np.ndarray:
-    return np.asarray(target())
+def ranks(kind: str, path: Path, marks: Path, cache: Path, n: int = 3) -> list[list[int]]:
+    env = {**os.environ, "SHARDLINE_CACHE_DIR": str(cache)}
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, kind, str(path), str(marks)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(n)
+    ]
+    out = []
+    for proc in started:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        out.append(json.loads(stdout))
+    return out
 
 
 @pytest.fixture
-def marks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SHARDLINE_CACHE_DIR", str(tmp_path / "cache"))
+def marks(tmp_path: Path) -> Path:
     folder = tmp_path / "marks"
     folder.mkdir()
     return folder
 
 
-def _text(root: Path) -> np.ndarray:
-    return sources.text_tokens(root, ByteTokenizer(), 256)
-
-
-def _records(path: Path) -> np.ndarray:
-    spec = DataSpec.model_validate({"source": "records", "path": str(path)})
-    return np.asarray(documents.record_documents(spec, 32, 256).tokens)
-
-
-def test_one_process_tokenizes_text_and_the_others_wait(
-    tmp_path: Path, marks: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_one_process_tokenizes_text_and_the_others_wait(tmp_path: Path, marks: Path) -> None:
     (tmp_path / "corpus.txt").write_text("hello world\n" * 1000)
-    monkeypatch.setattr(sources, "_tokenize_files", counted(sources._tokenize_files, marks))
-    got = in_processes(partial(_text, tmp_path / "corpus.txt"))
+    got = ranks("text", tmp_path / "corpus.txt", marks, tmp_path / "cache")
     assert len(list(marks.iterdir())) == 1
-    assert all(np.array_equal(g, got[0]) for g in got) and len(got[0]) == 12_001
+    assert all(g == got[0] for g in got) and len(got[0]) == 12_001
 
 
-def test_one_process_tokenizes_records_and_the_others_wait(
-    tmp_path: Path, marks: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_one_process_tokenizes_records_and_the_others_wait(tmp_path: Path, marks: Path) -> None:
     path = write_jsonl([{"text": f"record {i}"} for i in range(200)], tmp_path / "r.jsonl")
-    monkeypatch.setattr(documents, "_write", counted(documents._write, marks))
-    got = in_processes(partial(_records, path))
+    got = ranks("records", path, marks, tmp_path / "cache")
     assert len(list(marks.iterdir())) == 1
-    assert all(np.array_equal(g, got[0]) for g in got)
+    assert all(g == got[0] for g in got)
