@@ -19,7 +19,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.ext
+import jinja2.nodes
 import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.engine.data.records import BadRecord
@@ -42,8 +46,6 @@ class ChatTemplate:
     special_tokens: tuple[tuple[str, str], ...] = ()
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        import jinja2
-
         try:
             return str(
                 _compiled(self.source).render(
@@ -61,9 +63,6 @@ class ChatTemplate:
 @lru_cache(maxsize=4)
 def _compiled(source: str) -> Any:
     """The environment transformers builds for chat templates (chat_template_utils.py)."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
@@ -95,30 +94,19 @@ def _compiled(source: str) -> Any:
         raise ChatTemplateError(f"the chat template is not valid Jinja: {err}") from None
 
 
-def _generation_tag() -> type:
-    import jinja2.ext
-    import jinja2.nodes
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body, as in transformers when
+    no assistant mask is asked for (this module finds turns by prefix)."""
 
-    class GenerationTag(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}` renders its body, as in transformers
-        when no assistant mask is asked for (this module finds turns by prefix)."""
+    tags = {"generation"}
 
-        tags = {"generation"}
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(
-                lineno
-            )
-
-        def _body(self, caller: Any) -> str:
-            return str(caller())
-
-    return GenerationTag
-
-
-_GenerationTag = _generation_tag()
+    def _body(self, caller: Any) -> str:
+        return str(caller())
 
 
 def load_chat_template(given: str | None, tokenizer_path: str, access: DataAccess) -> ChatTemplate:

@@ -61,12 +61,10 @@ class Documents:
 
     def loss_tokens(self) -> np.ndarray:
         """Per document, how many of its tokens the loss counts: learned tokens after the
-        first (a document's first token is never predicted from it)."""
+        first (a document's first token is never predicted from it; none is empty)."""
         seen = np.concatenate(([0], np.cumsum(self.learned, dtype=np.int64)))
-        first = self.learned[self.starts[:-1]].astype(np.int64) if len(self) else np.zeros(0)
-        empty = self.lengths == 0
-        counts = seen[self.starts[1:]] - seen[self.starts[:-1]] - np.where(empty, 0, first)
-        return np.asarray(counts, dtype=np.int64)
+        heads = self.starts[:-1]
+        return seen[self.starts[1:]] - seen[heads] - self.learned[heads].astype(np.int64)
 
 
 @dataclass
