@@ -38,7 +38,7 @@ EXAMPLES = 80
 # The stateful phase's budget per database: sequences that follow the links schemathesis
 # infers (a submitted job's id into its GET, cancel, pause, resume, events, logs, faults,
 # export), a few hundred scenarios in this time.
-STATEFUL_S = 30
+STATEFUL_S = 20
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 
 

@@ -31,7 +31,9 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 BODY: dict[str, Any] = {
     "name": "e2e-pause",
     "model": {"preset": "tiny", "seq_len": 32},
-    "parallel": {"dp": 2, "tp": 2, "zero_stage": 1},
+    # Two ranks: what a pause saves and restores in each layout is held in tests/dist; here
+    # the service's part (the pause, the freed workers, the resume) is what is tested.
+    "parallel": {"dp": 2, "zero_stage": 1},
     "train": {
         "steps": STEPS,
         "global_batch_size": 4,
@@ -45,7 +47,7 @@ BODY: dict[str, Any] = {
 
 def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactory) -> None:
     reference: list[dict[str, Any]] = []
-    train_local(JobSpec.model_validate(BODY), 4, on_metrics=reference.append)
+    train_local(JobSpec.model_validate(BODY), 2, on_metrics=reference.append)
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(BODY)
         # `shardline follow` in another terminal, through the pause and the resume.
@@ -66,7 +68,7 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         at = checkpoints[0]["step"]
         assert 1 <= at < STEPS and paused["latest_checkpoint"] == checkpoints[0]["path"]
         assert checkpoints[0]["bytes"] > 0 and checkpoints[0]["save_s"] > 0
-        assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=2,zero=1")
+        assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=1,zero=1")
 
         assert c.resume(job["id"])["state"] == "QUEUED"
         done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"), LIMIT_S)

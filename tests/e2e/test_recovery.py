@@ -1,11 +1,17 @@
-"""Recovering from failures on a real local Ray cluster: a worker or the supervisor killed,
-a rank stopped; the job continues from its newest checkpoint with every step's loss equal
-to an uninterrupted run, each step recorded once. And when not to retry."""
+"""Recovering from failures on a real local Ray cluster: a worker killed (restored from the
+snapshot in host memory), a rank frozen, the supervisor killed (restored from storage); the
+job continues with every step's loss equal to an uninterrupted run, each step recorded once,
+and the broken process gone. And when not to retry.
+
+Each test here is one mechanism end to end; what the supervisor decides in each case (which
+ranks to replace, when to give up, how long to wait) is held case by case against scripted
+workers in tests/unit/test_supervisor*.py."""
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -19,7 +25,7 @@ from shardline.api.client import Client
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.launch import train_local
 from shardline.workers.runtime.names import NAMESPACE, supervisor_name, worker_name
-from tests.e2e.conftest import Service, leftovers, resumed, wait_for, worker_pid
+from tests.e2e.conftest import Service, leftovers, resumed, state_moves, wait_for, worker_pid
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 40
@@ -45,11 +51,53 @@ BODY: dict[str, Any] = {
 }
 
 
+MEMORY_EVERY = 3
+# No storage checkpoint before the last step: only a snapshot in host memory can save the
+# run. The same model, data and schedule as BODY, so one reference serves both.
+SNAPSHOTS: dict[str, Any] = {
+    **BODY,
+    "name": "e2e-snapshots",
+    "checkpoint": {"every_steps": 0, "memory_every_steps": MEMORY_EVERY},
+}
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[dict[str, Any]]:
     metrics: list[dict[str, Any]] = []
     train_local(JobSpec.model_validate(BODY), 2, on_metrics=metrics.append)
     return metrics
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` can still run: it exists and is not a zombie (killed, and waiting only
+    for its parent, the raylet, to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def gone_within(pid: int, timeout_s: float) -> bool:
+    """Whether `pid` stops being able to run within `timeout_s`. The supervisor waits until
+    Ray reports each killed actor dead, and Ray can report that a moment before a frozen
+    process (one that cannot answer the kill) is killed or reaped."""
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+RECOVERED_MOVES = [
+    ("QUEUED", "STARTING"),
+    ("STARTING", "RUNNING"),
+    ("RUNNING", "RESTARTING"),
+    ("RESTARTING", "RUNNING"),
+    ("RUNNING", "SUCCEEDED"),
+]
 
 
 def actor_pid(address: str, name: str) -> int:
@@ -102,26 +150,36 @@ def process_ids(c: Client, job_id: str, rank: int) -> list[int]:
     return [int(line.rsplit(" ", 1)[-1]) for line in said]
 
 
-def test_worker_killed_recovers_from_the_newest_checkpoint(
+def test_worker_killed_recovers_from_the_snapshot_in_host_memory(
     service: ServiceFactory, reference: list[dict[str, Any]]
 ) -> None:
     with service() as svc, svc.running() as server, svc.client(server) as c:
-        job = c.submit(BODY)
-        wait_for(c, job["id"], lambda j: j["step"] >= 5, LIMIT_S)
+        job = c.submit(SNAPSHOTS)
+        wait_for(c, job["id"], lambda j: j["step"] >= 8, LIMIT_S)
+        snapshots = svc.settings.job_layout(job["id"]).snapshot_dir
+        assert snapshots.is_dir()  # one host: the snapshots live here
+        # The model's whole state in host memory: no other local user may enter.
+        assert stat.S_IMODE(snapshots.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(snapshots.stat().st_mode) == 0o700
         # Killed by step 25 at the latest: a loaded machine may take seconds to find the
-        # rank's process, and a kill as the job ends restores its last step, leaving no
-        # step to train again and no recovery to measure.
+        # rank's process, and a kill as the job ends leaves no step to train again.
         warm = spares_ready(c, svc.ray_address, job["id"], before_step=STEPS - 15)
-        os.kill(worker_pid(svc.ray_address, job["id"], 1), signal.SIGKILL)
+        pid = worker_pid(svc.ray_address, job["id"], 1)
+        os.kill(pid, signal.SIGKILL)
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
         assert (done["restarts"], done["failures"]) == (1, 1)
+        assert state_moves(c, job["id"]) == RECOVERED_MOVES
         events = assert_trained_like(c, job["id"], reference)
-        resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=CHECKPOINT_EVERY)
+        # From host memory (no storage checkpoint exists before the end), after step 6 at
+        # the earliest (killed at step 8 or later, snapshots every 3 steps).
+        resumed(c, job["id"], tier="memory", after_at_least=6, lost_at_most=MEMORY_EVERY)
         # In place: rank 1 on a new process, rank 0 in the one it trained in before.
         assert len(process_ids(c, job["id"], 0)) == 2
         assert len(set(process_ids(c, job["id"], 0))) == 1, "rank 0 was restarted"
         assert len(set(process_ids(c, job["id"], 1))) == 2, "rank 1 was not replaced"
+        checkpoints = c.checkpoints(job["id"])
+        assert not alive(pid)
     assert any("rank 1: its actor died" in e for e in events), events
     # The spares import torch at the lowest priority beside the training ranks: on a slow
     # or busy machine they may still be starting at the kill. Started, the restart must
@@ -133,10 +191,13 @@ def test_worker_killed_recovers_from_the_newest_checkpoint(
     restored = [e for e in events if e.startswith("restored checkpoint step")]
     assert len(restored) == 1, events
     step = int(restored[0].split()[3])
-    assert step >= 4, restored
+    assert step >= MEMORY_EVERY, restored
     recovered = [e for e in events if e.startswith("recovered in")]
     assert len(recovered) == 1 and f"resumed after step {step}," in recovered[0], events
     print(recovered[0])  # the MTTR measured, for docs/benchmarks.md
+    # Snapshots are never reported as checkpoints, and are removed with the job.
+    assert [ck["step"] for ck in checkpoints] == [STEPS]
+    assert not snapshots.exists()
 
 
 def test_stopped_rank_is_found_within_the_hang_limit_and_recovers(
@@ -159,8 +220,10 @@ def test_stopped_rank_is_found_within_the_hang_limit_and_recovers(
         done = finished(c, job["id"])
         assert done["state"] == "SUCCEEDED", "\n".join(e["message"] for e in c.events(job["id"]))
         assert (done["restarts"], done["failures"]) == (1, 1)
+        assert state_moves(c, job["id"]) == RECOVERED_MOVES
         events = assert_trained_like(c, job["id"], reference)
         resumed(c, job["id"], tier="storage", after_at_least=4, lost_at_most=CHECKPOINT_EVERY)
+    assert gone_within(pid, 30), "the frozen worker's process is still there"
     # hang_timeout_s (8) plus one poll, plus the reconciler's and this loop's intervals
     assert detected_s < 8 + 5, detected_s
     assert any("rank 0: did not answer a poll in 8s" in e for e in events), events
