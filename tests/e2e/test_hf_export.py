@@ -1,7 +1,7 @@
-"""Hugging Face in and out through the whole service: a job starts from a Llama folder
-(`model.init_from`), trains on real Ray, and its checkpoint is exported through the API;
-transformers loads the export with no custom code and computes what Shardline computes,
-and `shardline generate` decodes greedily what transformers' `generate` does."""
+"""Hugging Face in and out through the whole service: jobs start from Llama, Qwen2 and Qwen3
+folders (`model.init_from`), train on real Ray, and their checkpoints are exported through
+the API; transformers loads each export with no custom code and computes what Shardline
+computes, and `shardline generate` decodes greedily what transformers' `generate` does."""
 
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ import transformers
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.data.loader import build_loader
 from shardline.workers.engine.local_model import load_local_model
-from tests.e2e.conftest import Service, wait_for
+from tests.e2e.conftest import Service
 from tests.support.hf_models import save_random_llama, save_random_model
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 SHARDLINE = str(Path(sys.executable).parent / "shardline")
-STEPS = 30
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -40,87 +39,6 @@ def first_batch_loss(model: torch.nn.Module, spec: JobSpec) -> float:
     with torch.no_grad():
         logits = model(rows[:, :-1]).logits
     return float(F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten()))
-
-
-def test_init_from_train_export_load_and_generate(service: ServiceFactory, tmp_path: Path) -> None:
-    start = save_random_llama(tmp_path / "llama", seed=4)
-    body = {
-        "name": "hf-roundtrip",
-        "model": {"init_from": str(tmp_path / "llama"), "seq_len": 32},
-        "parallel": {"tp": 2},
-        "train": {
-            "steps": STEPS,
-            "global_batch_size": 4,
-            "micro_batch_size": 1,
-            "lr": 3e-3,
-            "log_every": 1,
-            "seed": 3,
-        },
-    }
-    with service() as svc, svc.running() as server, svc.client(server) as client:
-        job = client.submit(body)
-        spec = JobSpec.model_validate(job["spec"])
-        assert spec.model.resolved()["dim"] == 64  # from config.json, not the preset
-        wait_for(client, job["id"], lambda j: j["state"] == "SUCCEEDED", timeout=600)
-        # The workers started from the Hugging Face weights: step 1's loss is theirs.
-        step_one = client.metrics(job["id"])[0]
-        assert step_one["step"] == 1
-        assert step_one["loss"] == pytest.approx(first_batch_loss(start, spec), rel=1e-4)
-
-        env = {**os.environ, "SHARDLINE_URL": server.url, "SHARDLINE_TOKEN": svc.token}
-        out = tmp_path / "exported"
-        done = cli("export", "--job", job["id"], str(out), env=env)
-        assert done.returncode == 0, done.stderr
-        # Named relative to the job's folder, never by the server's storage path.
-        relative = client.checkpoints(job["id"])[0]["path"]
-        assert relative.startswith("checkpoints/step-"), relative
-        checkpoint = svc.settings.job_layout(job["id"]).dir / relative
-
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
-    # A byte-level job: AutoTokenizer reads the export as the engine's byte codec, and
-    # config.json names no bos/eos (the codec has none, whatever init_from's config said).
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    assert tokenizer.encode("Grüße 😀", add_special_tokens=False) == list("Grüße 😀".encode())
-    assert json.loads((out / "config.json").read_text())["eos_token_id"] is None
-    exported = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
-    ours = load_local_model(checkpoint, torch.device("cpu")).model.eval()
-    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        gap = (exported(tokens).logits - ours(tokens)).abs().max()
-    assert float(gap) < 1e-4
-    # Training moved the weights away from where they started.
-    with torch.no_grad():
-        assert float((start(tokens).logits - ours(tokens)).abs().max()) > 1e-2
-
-    prompt = "Shardline "
-    for model_path in (out, checkpoint):
-        generated = cli(
-            "generate",
-            str(model_path),
-            "--prompt",
-            prompt,
-            "--greedy",
-            "--max-new-tokens",
-            "20",
-            "--ids",
-            env=dict(os.environ),
-        )
-        assert generated.returncode == 0, generated.stderr
-        ids = json.loads(generated.stdout)
-        assert ids["prompt_ids"] == list(prompt.encode())
-        with torch.no_grad():
-            expected = exported.generate(
-                torch.tensor([ids["prompt_ids"]]),
-                max_new_tokens=20,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-        assert ids["new_ids"] == expected, model_path
-    text = cli(
-        "generate", str(out), "--prompt", prompt, "--max-new-tokens", "5", env=dict(os.environ)
-    )
-    assert text.returncode == 0 and text.stdout.startswith(prompt), text.stderr
 
 
 def test_weights_swapped_out_of_the_data_roots_after_submit_fail_the_job(
@@ -185,6 +103,8 @@ def test_each_family_is_fine_tuned_through_the_service_and_exported(
         for family, job in jobs.items():
             spec = JobSpec.model_validate(job["spec"])
             assert spec.model.family == family  # from config.json's model_type
+            # The shape too comes from config.json, not from a preset.
+            assert spec.model.resolved()["dim"] == starts[family].config.hidden_size
             ended = client.wait(job["id"], timeout=600)
             assert ended["state"] == "SUCCEEDED", ended
             step_one = client.metrics(job["id"])[0]
@@ -193,7 +113,9 @@ def test_each_family_is_fine_tuned_through_the_service_and_exported(
             ), family
             done = cli("export", "--job", job["id"], str(tmp_path / f"out-{family}"), env=env)
             assert done.returncode == 0, done.stderr
+            # Named relative to the job's folder, never by the server's storage path.
             relative = client.checkpoints(job["id"])[0]["path"]
+            assert relative.startswith("checkpoints/step-"), relative
             checkpoints[family] = svc.settings.job_layout(job["id"]).dir / relative
 
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -205,4 +127,48 @@ def test_each_family_is_fine_tuned_through_the_service_and_exported(
         ours = load_local_model(checkpoints[family], torch.device("cpu")).model.eval()
         with torch.no_grad():
             assert float((exported(tokens).logits - ours(tokens)).abs().max()) < 1e-4, family
+            # Training moved the weights away from where they started.
             assert float((start(tokens).logits - ours(tokens)).abs().max()) > 1e-3, family
+    assert_generates_as_transformers(tmp_path / "out-llama", checkpoints["llama"])
+
+
+def assert_generates_as_transformers(out: Path, checkpoint: Path) -> None:
+    """The export is a byte-level model transformers loads as it is, and `shardline
+    generate` decodes greedily from the export and from the checkpoint what transformers'
+    `generate` does."""
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    # A byte-level job: AutoTokenizer reads the export as the engine's byte codec, and
+    # config.json names no bos/eos (the codec has none, whatever init_from's config said).
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert tokenizer.encode("Grüße 😀", add_special_tokens=False) == list("Grüße 😀".encode())
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] is None
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+    prompt = "Shardline "
+    for model_path in (out, checkpoint):
+        generated = cli(
+            "generate",
+            str(model_path),
+            "--prompt",
+            prompt,
+            "--greedy",
+            "--max-new-tokens",
+            "20",
+            "--ids",
+            env=dict(os.environ),
+        )
+        assert generated.returncode == 0, generated.stderr
+        ids = json.loads(generated.stdout)
+        assert ids["prompt_ids"] == list(prompt.encode())
+        with torch.no_grad():
+            expected = exported.generate(
+                torch.tensor([ids["prompt_ids"]]),
+                max_new_tokens=20,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
+        assert ids["new_ids"] == expected, model_path
+    text = cli(
+        "generate", str(out), "--prompt", prompt, "--max-new-tokens", "5", env=dict(os.environ)
+    )
+    assert text.returncode == 0 and text.stdout.startswith(prompt), text.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,20 @@ def test_a_failed_rank_restarts_then_gives_up_after_max_failures(tmp_path: Path)
     assert "rank 1: boom" in final.reason and "max_failures=1" in final.reason
     # Step 1's metrics were sent before the restart and not again after it.
     assert [e.step for e in sup.buffer.after(0) if isinstance(e, MetricsEntry)] == [1]
+
+
+def test_an_error_of_the_job_itself_fails_at_once_without_a_retry(tmp_path: Path) -> None:
+    # A corpus that is not text, a tokenizer that cannot load: the rank says its error is
+    # the job's own, and a retry would fail the same way.
+    bad = replace(status(1, "failed", 0, error="rank 1: no UTF-8 text found"), deterministic=True)
+    workers = FakeWorkers([[status(0, "joining", 0), bad]])
+    sup = make(tmp_path, workers, max_failures=3)
+    assert sup.run() == JobState.FAILED
+    assert states(sup.buffer) == ["RUNNING", "FAILED"]
+    assert workers.log == ["reserve", "start", "kill", "release"]
+    final = [e for e in sup.buffer.after(0) if isinstance(e, StateEntry)][-1]
+    assert "no UTF-8 text found" in final.reason and "not retried" in final.reason
+    assert sup.failures == 1
 
 
 def test_a_restarted_job_runs_on_fresh_workers_to_success(tmp_path: Path) -> None:
