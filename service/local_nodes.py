@@ -20,7 +20,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardline.service.local_ray import OBJECT_STORE_BYTES, LocalRay, session_members, stop_session
+from shardline.service.local_ray import (
+    OBJECT_STORE_BYTES,
+    LocalRay,
+    session_members,
+    startup_env,
+    stop_session,
+)
 from shardline.workers.storage.snapshots import ROOT_ENV
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ def start_local_node(head: LocalRay, folder: Path, name: str, ip: str, cpus: int
     memory = folder / f"{name}-shm"
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
     env[ROOT_ENV] = str(memory)
+    env.update(startup_env(cpus, env))
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / f"{name}.log").open("ab") as out:
         proc = subprocess.Popen(

@@ -224,6 +224,7 @@ def start_local_ray(
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
     head = LocalRay(address, 0, log_dir / "head.json", token, loopback, private)
     env.update(head.auth_env)
+    env.update(startup_env(num_cpus, env))
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(
             cmd,
@@ -247,6 +248,21 @@ def start_local_ray(
     )
     log.info("started local Ray head %s with %d logical CPUs", address, num_cpus)
     return head
+
+
+STARTUP_CONCURRENCY_ENV = "RAY_worker_maximum_startup_concurrency"
+
+
+def startup_env(num_cpus: int, env: dict[str, str]) -> dict[str, str]:
+    """How many worker processes a node's raylet starts at once: its logical CPUs (the
+    ranks that fit on it), not its cores, unless the operator set it. Ray's default, the
+    cores, starts a job's ranks a few at a time, and its warning at four times that many
+    processes ("8 PYTHON worker processes have been started ...") reaches every driver's
+    output, the service's included, though a job's ranks, its supervisor and their warm
+    spares are that many by design (SkyPilot raises it for the same reason)."""
+    if STARTUP_CONCURRENCY_ENV in env:
+        return {}
+    return {STARTUP_CONCURRENCY_ENV: str(max(num_cpus, host_cores()))}
 
 
 def host_cores() -> int:

@@ -69,11 +69,16 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
         assert 1 <= at < STEPS and paused["latest_checkpoint"] == checkpoints[0]["path"]
         assert checkpoints[0]["bytes"] > 0 and checkpoints[0]["save_s"] > 0
         assert checkpoints[0]["layout"].startswith("pp=1,dp=2,tp=1,zero=1")
+        # The rank's log says it stopped as asked: a pause is not the run's end.
+        said = c.logs(job["id"], rank=0, tail=1000, contains="rank 0 ")
+        assert any(f"rank 0 stopped after step {at}, as asked" in line for line in said), said
+        assert not any("finished" in line for line in said), said
 
         assert c.resume(job["id"])["state"] == "QUEUED"
         done = wait_for(c, job["id"], lambda j: j["state"] in ("SUCCEEDED", "FAILED"), LIMIT_S)
         assert done["state"] == "SUCCEEDED", done
         metrics = c.metrics(job["id"])
+        finished = c.logs(job["id"], rank=0, tail=1000, contains="finished training")
         timeline = c.events(job["id"], after=0)
         events = [e["message"] for e in timeline]
         _, followed = follower.communicate(timeout=60)
@@ -82,6 +87,7 @@ def test_paused_job_frees_its_workers_and_resumes_exactly(service: ServiceFactor
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for got, want in zip(metrics, reference, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), f"step {got['step']}"
+    assert len(finished) == 1 and f"finished training: {STEPS} steps, final loss" in finished[0]
     assert any(f"restored checkpoint step {at}" in e for e in events), events
     assert any(e == f"paused after step {at}" for e in events), events
     # One pause and one resume, and a pause is no failure.

@@ -197,7 +197,10 @@ class TrainingWorker:
                 self._summary = summary
                 self._step = trainer.step
                 self._phase = WorkerPhase.STOPPED if self._stop.is_set() else WorkerPhase.DONE
-            log.info("rank %d finished: %s", self.rank, summary)
+            if self._stop.is_set():  # a pause, a cancel or a planned restart asked it to
+                log.info("rank %d stopped after step %d, as asked", self.rank, trainer.step)
+            else:
+                log.info("rank %d finished training: %s", self.rank, summary_line(summary))
             self._profiler.abandon()  # stopped before a profile's last step: it is not kept
             leave_world()
         except BaseException as err:  # reported through poll(), never lost in a thread
@@ -293,3 +296,14 @@ class TrainingWorker:
         """Finish the current step, then stop (after a checkpoint if `save`)."""
         self._save_on_stop = save
         self._stop.set()
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """A finished run's summary as a person reads it in the job's log."""
+    said = [f"{summary['steps']} steps"]
+    if summary.get("final_loss") is not None:
+        said.append(f"final loss {summary['final_loss']:.4f}")
+    if summary.get("tokens_per_s"):
+        said.append(f"{summary['tokens_per_s']:,.0f} tokens/s")
+    said.append(f"layout {summary['layout']}")
+    return ", ".join(said)
