@@ -130,3 +130,24 @@ def test_relative_paths_are_read_from_the_spec_file_s_folder(
     )
     spec = load_spec(folder / "inline.yaml")
     assert (spec.data.path, spec.data.chat_template) == ("s3://bucket/x", "{{ messages }}")
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (True, "is true or false, but must be a number or 'auto'"),
+        (False, "is true or false, but must be a number or 'auto'"),
+        ("2", "must be a number or 'auto', not other text"),
+    ],
+)
+def test_a_count_that_may_also_be_a_word_takes_no_switch_or_quoted_number(
+    value: object, said: str
+) -> None:
+    errors = errors_of({"name": "x", "checkpoint": {"memory_every_steps": value}})
+    assert any(e.startswith("checkpoint.memory_every_steps:") and said in e for e in errors), errors
+
+
+def test_a_count_that_may_also_be_a_word_takes_either() -> None:
+    for value in (0, 3, "auto"):
+        spec = JobSpec.model_validate({"name": "x", "checkpoint": {"memory_every_steps": value}})
+        assert spec.checkpoint.memory_every_steps == value

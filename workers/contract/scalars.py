@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Set
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -23,6 +23,8 @@ def scalar_kinds(annotation: Any) -> set[Any]:
         return set().union(*(scalar_kinds(arg) for arg in get_args(annotation)))
     if origin is Annotated:
         return scalar_kinds(get_args(annotation)[0])
+    if origin is Literal and all(isinstance(v, str) for v in get_args(annotation)):
+        return set(get_args(annotation))  # the words themselves ("auto"), checked by value
     if annotation is type(None):
         return set()
     if annotation in (int, float, bool):
@@ -39,15 +41,21 @@ def field_kinds(model: type[BaseModel], field: str) -> frozenset[Any]:
 def refuse_coercion(kinds: Set[Any], value: Any) -> Any:
     """`value` unchanged, or ValueError where only a coercion would make it fit a field
     of these scalar_kinds."""
-    if not kinds or object in kinds:
+    words = {k for k in kinds if isinstance(k, str)}
+    types = set(kinds) - words
+    if not types or object in types:
         return value
+    if isinstance(value, str) and value in words:
+        return value
+    also = "".join(f" or {w!r}" for w in sorted(words))
     if isinstance(value, bool):
-        if bool in kinds:
+        if bool in types:
             return value
-        raise ValueError("is true or false, but must be a number")
+        raise ValueError(f"is true or false, but must be a number{also}")
     if isinstance(value, str):
-        wanted = "true or false" if kinds == {bool} else "a number"
-        raise ValueError(f"must be {wanted}, not text; write it without quotes")
-    if isinstance(value, int | float) and kinds == {bool}:
+        wanted = "true or false" if types == {bool} else "a number"
+        other = " other" if words else ""
+        raise ValueError(f"must be {wanted}{also}, not{other} text; write it without quotes")
+    if isinstance(value, int | float) and types == {bool}:
         raise ValueError("must be true or false")
     return value
