@@ -7,13 +7,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from shardline.api.deps import AdmissionDep, CalibrationDep, CurrentUser, RatesDep, RuntimeDep
 from shardline.api.errors import ApiError
 from shardline.api.openapi import error_responses
+from shardline.service.principal import Principal
 from shardline.service.rates import (
     AlreadyCalibrating,
     CalibrationState,
@@ -76,6 +77,14 @@ def cluster_rates(user: CurrentUser, book: RatesDep, calibration: CalibrationDep
     )
 
 
+def calibrating_admin(user: CurrentUser) -> Principal:
+    """The caller, an administrator. A dependency, so that it is decided before the body is
+    read: anyone else learns that they may not, not what a valid body would be."""
+    if not user.is_admin:
+        raise ApiError(403, "forbidden", "calibrating the cluster is for administrators")
+    return user
+
+
 @router.post(
     "/calibrate",
     response_model=CalibrationPublic,
@@ -83,7 +92,7 @@ def cluster_rates(user: CurrentUser, book: RatesDep, calibration: CalibrationDep
     responses=error_responses(403, 409, 422),
 )
 async def calibrate(
-    user: CurrentUser,
+    user: Annotated[Principal, Depends(calibrating_admin)],
     runtime: RuntimeDep,
     admission: AdmissionDep,
     calibration: CalibrationDep,
@@ -92,8 +101,6 @@ async def calibrate(
     """Measure the cost model's rates on a cluster node (an administrator's call: every
     user's `parallel: auto` jobs then plan with them). Answers at once; GET
     /v1/cluster/rates says when it is done and what it stored."""
-    if not user.is_admin:
-        raise ApiError(403, "forbidden", "calibrating the cluster is for administrators")
     request_body = body or CalibrateRequest()
     if not runtime.cluster().connected:
         raise ApiError(503, "no_cluster", "no Ray cluster is attached: nothing to measure")

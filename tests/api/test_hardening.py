@@ -236,3 +236,17 @@ def test_paths_that_cannot_be_resolved_are_a_422(backend: Backend, name: str) ->
         response = post_spec(backend, token, spec_body(data=data))
         assert response.status_code == 422, response.text
         assert response.json()["error"]["details"][0]["field"] == field
+
+
+def test_a_calibration_from_anyone_but_an_admin_is_403_whatever_its_body(
+    backend: Backend,
+) -> None:
+    _, token = backend.new_user()
+    for body in ({"ranks": "many"}, {"spec": {"model": {"preset": "nope"}}}, {"x": 1}):
+        refused = httpx.post(
+            f"{backend.server.url}/v1/cluster/calibrate",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert refused.status_code == 403, refused.text
+        assert "for administrators" in refused.text, refused.text
