@@ -144,3 +144,33 @@ def test_rules_installed_in_an_environment_replace_the_ones_there(tmp_path: Path
     assert environ["PATH"] == "/bin"
     earlier.install(environ)
     assert DataAccess.from_env(environ) == earlier
+
+
+def test_records_in_a_folder_with_a_symlink_out_of_the_root_are_refused(
+    layout: dict[str, Path],
+) -> None:
+    """Records are opened by the same rules as every data file: the folder is inside the
+    root, one of its files is a link to a file outside; reading reaches it and stops,
+    naming the spec field and not a byte of what is out there."""
+    from shardline.workers.engine.data.preflight import data_problem
+    from shardline.workers.engine.data.records import read_records, record_files
+
+    chats = layout["root"] / "chats"
+    chats.mkdir()
+    (chats / "a.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    secret = layout["outside"] / "secret.jsonl"
+    secret.write_text(json.dumps({"text": SECRET}) + "\n")
+    (chats / "b.jsonl").symlink_to(secret)
+    access = DataAccess.from_env()
+    records = read_records(record_files(str(chats)), access)
+    assert next(records).values == {"text": "hello"}
+    with pytest.raises(DataAccessDenied, match=r"data\.path: .*outside the data roots") as err:
+        next(records)
+    assert SECRET not in str(err.value)
+    # At submit: a folder whose first file is such a link is refused before any rank starts.
+    (chats / "a.jsonl").unlink()
+    (chats / "a.jsonl").symlink_to(secret)
+    spec = JobSpec.model_validate({"name": "x", "data": {"source": "records", "path": str(chats)}})
+    problem = data_problem(spec.data, 32, 256, access)
+    assert problem is not None and problem[0] == "data.path", problem
+    assert "outside the data roots" in problem[1] and SECRET not in problem[1]
