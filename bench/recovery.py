@@ -7,7 +7,7 @@ event's MTTR (failure to the first new step), steps lost, seconds lost, and the 
 goodput as GET /v1/jobs/{id} shows it.
 
     .venv/bin/python -m bench.recovery [KIND ...] [--trials N] [--at-step S]
-        [--restart in-place|full|both] [--steps N]
+        [--restart in-place|full|both] [--steps N] [--repeat K [--every S]]
         (kinds: kill hang raise nan supervisor node_loss preemption; with N > 1, a
         summary line per kind: p50 and p99 MTTR, mean steps lost and goodput; with
         `both`, N trials of each, in turn, and a summary line for each)
@@ -19,6 +19,11 @@ snapshots every 2 steps: `node_loss` kills the second node (and its host memory)
 `preemption` drains it with a 20 s deadline, as a spot handler would, and kills it once
 the job has left it. Their trials also compare each step's loss with the same job trained
 uninterrupted in one process (`max_loss_rel_diff`).
+
+With `--repeat K` each trial is one job that gets the fault K times, each once the job has
+trained S new steps (`--every`, default 6) past its last recovery: failures seconds apart
+with training between them, which must not be taken for a crash loop. Its line gives every
+recovery's MTTR, their p50 and maximum.
 
 Two clocks: `mttr_s` is the recovery event's (from when the supervisor saw the failure
 to the first new step it saw), `fault_to_step_s` is from the fault's injection to that
@@ -218,6 +223,58 @@ def measure(
     }
 
 
+def measure_repeated(client: Client, kind: str, kills: int, every: int) -> dict[str, Any]:
+    """One job, `kind` on rank 1 `kills` times, each once the job trained `every` steps
+    past its last recovery (or past `every` for the first)."""
+    steps = (kills + 2) * (every + 8)  # room for each kill's steps and the ones retrained
+    train = {**SPEC["train"], "steps": steps, "log_every": 1}
+    ft = {**SPEC["fault_tolerance"], "max_failures": kills + 1}
+    job = client.submit(
+        {**SPEC, "name": f"bench-recovery-{kind}-x{kills}", "train": train, "fault_tolerance": ft}
+    )
+    recovered_at = 0
+    for n in range(kills):
+        wait(
+            client,
+            job["id"],
+            lambda j, at=recovered_at: j["state"] == "RUNNING" and j["step"] >= at + every,
+        )
+        try:
+            client.inject_fault(job["id"], kind, rank=1)
+        except Conflict as refused:  # the job ended its training first
+            log.warning("job %s: %s", job["id"], refused)
+            break
+        # Until this fault's recovery has closed (a new step trained after it).
+        wait(client, job["id"], lambda j, want=n + 1: len(_recoveries(client, j["id"])) >= want)
+        recovered_at = client.get(job["id"])["step"]
+    end = wait(client, job["id"], lambda j: False)
+    recoveries = _recoveries(client, job["id"])
+    mttr = [round(r["mttr_s"], 2) for r in recoveries]
+    messages = [e["message"] for e in client.events(job["id"], after=0)]
+    metrics = [m["step"] for m in client.metrics(job["id"])]
+    return {
+        "fault": kind,
+        "kills": kills,
+        "every_steps": every,
+        "state": end["state"],
+        "recoveries": len(recoveries),
+        "mttr_s": mttr,
+        "mttr_p50_s": round(statistics.median(mttr), 2) if mttr else None,
+        "mttr_max_s": max(mttr) if mttr else None,
+        "faults_delivered": sum(m.startswith("fault injected") for m in messages),
+        "crash_loops_said": sum("crash loop" in m for m in messages),
+        "every_step_once": metrics == list(range(1, steps + 1)),
+    }
+
+
+def _recoveries(client: Client, job_id: str) -> list[dict[str, Any]]:
+    return [
+        e["data"]
+        for e in client.events(job_id, after=0)
+        if (e["data"] or {}).get("kind") == "recovery"
+    ]
+
+
 @functools.cache
 def reference_losses(spec_json: str) -> list[float]:
     """Each step's loss of the spec trained uninterrupted in one process."""
@@ -292,7 +349,22 @@ def main() -> None:
         default="in-place",
         help="recover in place (the default), restart every rank, or both in turn",
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="faults per job, each after --every new steps"
+    )
+    parser.add_argument("--every", type=int, default=6, help="new steps between faults")
     args = parser.parse_args()
+    if args.repeat > 1:
+        with (
+            tempfile.TemporaryDirectory(prefix="shardline-bench-") as state,
+            local_service(Path(state)) as svc,
+            svc.client() as client,
+        ):
+            for kind in args.kinds:
+                for _ in range(args.trials):
+                    got = measure_repeated(client, kind, args.repeat, args.every)
+                    print(json.dumps(got), flush=True)
+        return
     modes = {"in-place": [True], "full": [False], "both": [True, False]}[args.restart]
     with tempfile.TemporaryDirectory(prefix="shardline-bench-") as state:
         head = None

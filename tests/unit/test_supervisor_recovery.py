@@ -362,3 +362,37 @@ def test_a_lost_rank_beside_one_that_answers_is_restarted_at_once(
     runner.join(timeout=30)
     failure = next(e.message for e in events(sup) if e.message.startswith("failure:"))
     assert says in failure, failure
+
+
+def test_a_failure_after_new_steps_is_no_crash_loop_however_soon_it_comes(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 lost three times within a second: after the first restart the job trained
+    new steps, so the second failure restarts at once too; the third comes before the
+    next world trained anything, and that is a crash loop."""
+
+    def lost() -> list[WorkerStatus]:
+        return [status(0, WorkerPhase.TRAINING, 4), status(1, WorkerPhase.FAILED, 3, lost=True)]
+
+    def trained() -> list[WorkerStatus]:
+        return [status(0, WorkerPhase.TRAINING, 6), status(1, WorkerPhase.TRAINING, 6)]
+
+    def lost_before_a_step() -> list[WorkerStatus]:
+        return [status(0, WorkerPhase.JOINING, 0), status(1, WorkerPhase.FAILED, 0, lost=True)]
+
+    workers = PlacedScriptedWorkers(
+        [[lost()], [trained(), lost()], [lost_before_a_step()], [training()]],
+        ["node-a", "node-a"],
+    )
+    sup = make(tmp_path, workers, max_failures=5)
+    runner = threading.Thread(target=sup.run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while len([e for e in events(sup) if e.message.startswith("failure:")]) < 3:
+        assert time.monotonic() < deadline, [e.message for e in events(sup)]
+        time.sleep(0.01)
+    sup.cancel()  # cuts the crash loop's wait short
+    runner.join(timeout=30)
+    failures = [e.message for e in events(sup) if e.message.startswith("failure:")]
+    assert "restarting at once" in failures[0] and "restarting at once" in failures[1], failures
+    assert "restarting in 2s (a crash loop)" in failures[2], failures

@@ -3,8 +3,6 @@ is retried (the job's one failure budget), and whether a non-finite loss is roll
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,30 +29,24 @@ class FailurePolicy:
     stored with it: every supervisor starts from it and the reconciler (a lost supervisor)
     decides by the same policy.
 
-    The backoff grows in crash loops only. A failure more than `healthy_s` after the one
-    before it (the job trained in between) is retried at once, or after `base_backoff_s`
-    where a node may be lost (`node_suspect`: a rank died and nothing of the job on its
-    node answered). Each failure that follows its predecessor sooner waits twice as long
-    as the last, up to `max_backoff_s`. Far-apart failures (a node lost today, a rank
-    killed tomorrow) then cost nothing, or a second, however many the job has had. (The
-    second for a node: a restart at once after a node is lost can place ranks on the node
-    before Ray has declared it dead, and their start then waits out the join timeout: the
-    elastic e2e test took 400 s instead of 108 s.)"""
+    The backoff grows in crash loops only: failures with no new step trained between them
+    (`progressed` false: the world the last recovery started has not trained past its
+    restore). A failure after progress is retried at once, or after `base_backoff_s` where
+    a node may be lost (`node_suspect`: a rank died and nothing of the job on its node
+    answered), however soon after the last one it came. Each failure of a crash loop waits
+    twice as long as the one before, up to `max_backoff_s`. A job then loses nothing to
+    waiting for failures that are far apart in its training (a node lost today, a rank
+    killed an hour later, or a minute later after steps trained). (The second for a node:
+    a restart at once after a node is lost can place ranks on the node before Ray has
+    declared it dead, and their start then waits out the join timeout: the elastic e2e
+    test took 400 s instead of 108 s.)"""
 
     def __init__(
-        self,
-        max_failures: int,
-        base_backoff_s: float = 1.0,
-        max_backoff_s: float = 60.0,
-        healthy_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
+        self, max_failures: int, base_backoff_s: float = 1.0, max_backoff_s: float = 60.0
     ) -> None:
         self.max_failures = max_failures
         self.base_backoff_s = base_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.healthy_s = healthy_s
-        self.clock = clock
-        self._last_failure_at: float | None = None
         self._streak = 0  # failures in the current crash loop, this one included
 
     def decide(
@@ -64,6 +56,7 @@ class FailurePolicy:
         *,
         deterministic: bool = False,
         node_suspect: bool = True,
+        progressed: bool = True,
     ) -> Decision:
         """`failures_so_far` counts this failure too. A deterministic failure (the job's own
         spec or data cannot work) would fail the same way again: no retry."""
@@ -75,7 +68,7 @@ class FailurePolicy:
                 f"{error} (failure {failures_so_far}, more than "
                 f"fault_tolerance.max_failures={self.max_failures})",
             )
-        backoff = self._backoff(node_suspect)
+        backoff = self._backoff(node_suspect, progressed)
         loop = " (a crash loop)" if self._streak > 1 else ""
         when = f"in {backoff:.0f}s{loop}" if backoff else "at once"
         return Decision(
@@ -85,11 +78,8 @@ class FailurePolicy:
             backoff,
         )
 
-    def _backoff(self, node_suspect: bool) -> float:
-        now = self.clock()
-        apart = self._last_failure_at is None or now - self._last_failure_at >= self.healthy_s
-        self._streak = 1 if apart else self._streak + 1
-        self._last_failure_at = now
+    def _backoff(self, node_suspect: bool, progressed: bool) -> float:
+        self._streak = 1 if progressed else self._streak + 1
         if self._streak == 1 and not node_suspect:
             return 0.0
         return min(self.base_backoff_s * 2 ** (self._streak - 1), self.max_backoff_s)

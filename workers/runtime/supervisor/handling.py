@@ -62,7 +62,12 @@ class FailureHandling:
             self.workers.kill_workers()
         self.failures += 1
         decision = self.policy.decide(
-            self.failures, group.error, deterministic=group.deterministic, node_suspect=node_suspect
+            self.failures,
+            group.error,
+            deterministic=group.deterministic,
+            node_suspect=node_suspect,
+            # A recovery still open: the world it started has not trained a new step.
+            progressed=self.recoveries.current is None,
         )
         # The event carries the job's count: the reconciler stores it with the event, so
         # it counts even where the state it leads to is not taken (a cancel won) or not
