@@ -60,7 +60,7 @@ def start_local_node(head: LocalRay, folder: Path, name: str, ip: str, cpus: int
     `start_local_ray(..., loopback=False)`); its log and host memory go under `folder`."""
     ray_bin = Path(sys.executable).parent / "ray"
     memory = folder / f"{name}-shm"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
+    env = head.process_env()
     env[ROOT_ENV] = str(memory)
     env.update(startup_env(cpus, env))
     folder.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def start_local_node(head: LocalRay, folder: Path, name: str, ip: str, cpus: int
 
 def drain_for_preemption(head: LocalRay, node_id: str, deadline_s: int) -> None:
     """What a spot handler or an autoscaler asks of Ray when a node will go."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
+    env = head.process_env()
     subprocess.run(
         [
             str(Path(sys.executable).parent / "ray"),

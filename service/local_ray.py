@@ -86,6 +86,11 @@ class LocalRay:
             **(LOOPBACK_ENV if self.loopback else {k: "1" for k in LOOPBACK_ENV}),
         }
 
+    def process_env(self) -> dict[str, str]:
+        """This process's environment for a Ray process joining this head: the head's token
+        file, and no RAY_AUTH_TOKEN of ours (it would take precedence over the file)."""
+        return {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | self.auth_env
+
     def use_auth(self) -> None:
         """Make this process's `ray.init` present the head's token and join it on
         loopback. Ray reads this when it is first imported, so call it before anything
@@ -221,9 +226,8 @@ def start_local_ray(
         f"--labels={CORES_LABEL}={host_cores()}",
     ]
     token = _auth_token(state_dir)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
     head = LocalRay(address, 0, log_dir / "head.json", token, loopback, private)
-    env.update(head.auth_env)
+    env = head.process_env()
     env.update(startup_env(num_cpus, env))
     with (log_dir / "head.log").open("ab") as out:
         proc = subprocess.Popen(

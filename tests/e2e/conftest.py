@@ -98,6 +98,15 @@ def leftovers(address: str, job_id: str) -> dict[str, Any]:
     return {"actors": actors, "placement_groups": groups}
 
 
+def holds_nothing_within(address: str, job_id: str, timeout_s: float) -> None:
+    """Assert the job's actors and placement groups are gone within `timeout_s` (whatever
+    state the job ended in: `wait_for` stops at a failed job)."""
+    deadline = time.monotonic() + timeout_s
+    while (held := leftovers(address, job_id)) != {"actors": [], "placement_groups": []}:
+        assert time.monotonic() < deadline, held
+        time.sleep(0.5)
+
+
 def job_spec(name: str, **train: Any) -> dict[str, Any]:
     """A small two-rank job that logs every step."""
     return {

@@ -4,7 +4,6 @@ for ranks: each rank, its job's supervisor and their warm spares are one each, b
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -39,12 +38,11 @@ def test_a_node_full_of_ranks_says_nothing_in_the_drivers_output(tmp_path: Path)
     ranks = 4 * host_cores() + 12
     head = start_local_ray(tmp_path / "ray", ranks)
     try:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | head.auth_env
         run = subprocess.run(
             [sys.executable, "-c", DRIVER, head.address, str(ranks)],
             capture_output=True,
             text=True,
-            env={**env, "OMP_NUM_THREADS": "1"},
+            env={**head.process_env(), "OMP_NUM_THREADS": "1"},
             timeout=300,
         )
     finally:

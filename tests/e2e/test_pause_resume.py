@@ -18,7 +18,7 @@ import pytest
 
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.launch import train_local
-from tests.e2e.conftest import Service, leftovers, wait_for
+from tests.e2e.conftest import Service, holds_nothing_within, leftovers, wait_for
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 60  # enough to pause mid-run on a loaded machine (CI saw 30 end first) and go on
@@ -113,7 +113,4 @@ def test_a_pause_then_a_cancel_ends_cancelled_and_holds_nothing(service: Service
         assert done["state"] == "CANCELLED", events
         assert (done["failures"], done["restarts"]) == (0, 0), events
         assert not [e for e in events if e.startswith("failure")], events
-        deadline = time.monotonic() + 60
-        while leftovers(svc.ray_address, job["id"]) != {"actors": [], "placement_groups": []}:
-            assert time.monotonic() < deadline, leftovers(svc.ray_address, job["id"])
-            time.sleep(0.5)
+        holds_nothing_within(svc.ray_address, job["id"], 60)

@@ -25,7 +25,14 @@ from shardline.api.client import Client
 from shardline.workers.contract.spec import JobSpec
 from shardline.workers.engine.launch import train_local
 from shardline.workers.runtime.names import NAMESPACE, supervisor_name, worker_name
-from tests.e2e.conftest import Service, leftovers, resumed, state_moves, wait_for, worker_pid
+from tests.e2e.conftest import (
+    Service,
+    holds_nothing_within,
+    resumed,
+    state_moves,
+    wait_for,
+    worker_pid,
+)
 
 ServiceFactory = Callable[..., AbstractContextManager[Service]]
 STEPS = 40
@@ -259,14 +266,7 @@ def test_a_job_that_cannot_build_fails_at_once_without_retrying(
     with service() as svc, svc.running() as server, svc.client(server) as c:
         job = c.submit(body)
         done = finished(c, job["id"])
-        # A failed job holds nothing on the cluster.
-        deadline = time.monotonic() + 60
-        while (held := leftovers(svc.ray_address, job["id"])) != {
-            "actors": [],
-            "placement_groups": [],
-        }:
-            assert time.monotonic() < deadline, held
-            time.sleep(0.5)
+        holds_nothing_within(svc.ray_address, job["id"], 60)  # a failed job too
     assert done["state"] == "FAILED" and done["restarts"] == 0, done
     assert "not retried" in done["failure_reason"]
     assert "no UTF-8 text found" in done["failure_reason"], done["failure_reason"]

@@ -193,11 +193,12 @@ class TrainingWorker:
             summary = trainer.train(
                 should_stop=self._should_stop, save_on_stop=lambda: self._save_on_stop
             )
+            stopped = self._stop.is_set()  # a pause, a cancel or a planned restart asked
             with self._lock:
                 self._summary = summary
                 self._step = trainer.step
-                self._phase = WorkerPhase.STOPPED if self._stop.is_set() else WorkerPhase.DONE
-            if self._stop.is_set():  # a pause, a cancel or a planned restart asked it to
+                self._phase = WorkerPhase.STOPPED if stopped else WorkerPhase.DONE
+            if stopped:
                 log.info("rank %d stopped after step %d, as asked", self.rank, trainer.step)
             else:
                 log.info("rank %d finished training: %s", self.rank, summary_line(summary))
