@@ -39,6 +39,9 @@ class WorkerGroupCallback:
         group starts fresh actors for the others."""
         return {}
 
+    def after_reserve(self, group: WorkerGroup) -> None:
+        """A placement is ready: the ranks' nodes are known and their actors start next."""
+
     def after_start(self, group: WorkerGroup) -> None:
         """Every rank of a (re)start has joined the world and trains."""
 
@@ -96,12 +99,14 @@ class PoolLending(WorkerGroupCallback):
 
 class SnapshotCleanup(WorkerGroupCallback):
     """Removes the job's in-memory snapshots from every node that may hold them (each rank
-    writes into its own node's host memory: workers/engine/checkpoint/spread.py)."""
+    writes into its own node's host memory: workers/engine/checkpoint/spread.py). A node
+    counts from its placement, not from a finished start: a rank makes its snapshot
+    folder while it starts, and a job cancelled then must not leave it behind."""
 
     def __init__(self) -> None:
         self.nodes: set[str] = set()
 
-    def after_start(self, group: WorkerGroup) -> None:
+    def after_reserve(self, group: WorkerGroup) -> None:
         if group.locations.snapshot_url is not None:
             self.nodes |= set(group.node_of_rank)
 

@@ -87,6 +87,8 @@ class WorkerGroup:
         # Rank r uses bundle self.bundle_of_rank[r]: bundles sorted by node, then index.
         self.bundle_of_rank = sorted(range(self.world_size), key=lambda b: (nodes[b], b))
         self.node_of_rank = [nodes[b] for b in self.bundle_of_rank]
+        for callback in self.callbacks:
+            callback.after_reserve(self)
         return self.node_of_rank
 
     @property
