@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shardline.api.rate_limit import retry_after_header
 from shardline.service.admission import Refused, SpecInvalid, StorageUnavailable
+from shardline.service.outages import OutageLog, database_unavailable, first_line
 from shardline.service.profiles import ProfileNotFound
 from shardline.service.queue import PriorityRefused
 from shardline.service.quotas import QuotaExceeded
@@ -161,35 +162,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 DATABASE_RETRY_AFTER_S = 5
-
-
-def database_unavailable(err: Exception) -> bool:
-    """Whether `err` means the database is down, restarting, unreachable, out of
-    connections or (SQLite) locked, so the same request may succeed later; other database
-    errors (a missing table, a bad query) are bugs and stay 500s."""
-    if isinstance(err, db_errors.TimeoutError):  # no pooled connection came free in time
-        return True
-    if not isinstance(err, db_errors.DBAPIError):
-        return False
-    if err.connection_invalidated:
-        return True
-    if not isinstance(err, db_errors.OperationalError | db_errors.InterfaceError):
-        return False
-    if type(err.orig).__module__.startswith("sqlite3"):
-        text = str(err.orig).lower()
-        return "locked" in text or "busy" in text
-    return True  # PostgreSQL: refused, terminated, timed out, starting up, ...
+# Every request answered 503 while the database is down is one failure of one outage.
+_database_outage = OutageLog(log, "the database does not answer; requests get 503")
 
 
 async def _database_error(request: Request, err: Exception) -> JSONResponse:
     if not database_unavailable(err):
         raise err  # CatchUnexpected logs it once and answers 500
-    log.warning(
-        "database unavailable on %s %s: %s",
-        request.method,
-        request.url.path,
-        str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__,
-    )
+    _database_outage.failed(f"{first_line(err)} (on {request.method} {request.url.path})")
     return error_response(
         503,
         "unavailable",

@@ -7,6 +7,7 @@ and list."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -100,7 +101,10 @@ def wait_for(predicate: object, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_postgres_restart_under_load(postgres: PostgresProcess, tmp_path: Path) -> None:
+def test_postgres_restart_under_load(
+    postgres: PostgresProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="shardline")
     upgrade_to_head(postgres.url)
     db = Database(postgres.url)
     users = UserDirectory(db)
@@ -137,6 +141,10 @@ def test_postgres_restart_under_load(postgres: PostgresProcess, tmp_path: Path) 
     assert readyz.status_code == 200
     assert load.unexpected == [], load.unexpected[:5]
     assert load.statuses[500] == 0
+    # The outage is said once, not a line for each of its 503s.
+    said = [r.getMessage() for r in caplog.records if r.name == "shardline.api.errors"]
+    assert len(said) == 1 and load.statuses[503] >= 20, (len(said), said[:3], load.statuses)
+    assert "the database does not answer; requests get 503" in said[0]
     assert load.retry_after == {"5"}
     assert load.slowest_s < HANG_S, f"a request took {load.slowest_s:.1f}s"
     # Every acknowledged job is stored, once per key.
