@@ -150,6 +150,11 @@ class RaySupervisors:
             log.info("job %s: supervisor removed", job_id)
 
 
+# How long a stopping control plane waits for the jobs being cancelled to end: within the
+# 30 s Kubernetes and systemd give a process by default, with room for uvicorn's own drain.
+CANCEL_GRACE_S = 20.0
+
+
 class RayRuntime:
     def __init__(self, settings: Settings, store: JobStore, address: str) -> None:
         self.settings = settings
@@ -216,10 +221,37 @@ class RayRuntime:
                 time.sleep(wait)
 
     def stop(self) -> None:
-        self.scheduler.stop()
+        self.scheduler.stop()  # no job starts from here on
+        self._finish_cancels(CANCEL_GRACE_S)
         self.reconciler.stop()
         # Supervisors are detached: they keep training while the control plane is away.
         ray.shutdown()
+
+    def _finish_cancels(self, grace_s: float) -> None:
+        """Give the jobs being cancelled up to `grace_s` to end and be recorded: a cancel is
+        what a user asked last, and a job left CANCELLING would keep its supervisor and
+        (for a local head) the head itself running until the next serve."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            try:
+                cancelling = [
+                    j.id for j in self.store.active_jobs() if j.state == JobState.CANCELLING
+                ]
+            except Exception as err:  # the database is away: nothing can be recorded
+                log.warning("could not finish the cancels before stopping: %s", err)
+                return
+            if not cancelling:
+                return
+            if time.monotonic() > deadline:
+                log.warning(
+                    "job(s) %s still cancelling after %.0f s; the next `shardline serve` "
+                    "finishes the cancel",
+                    ", ".join(cancelling),
+                    grace_s,
+                )
+                return
+            self.reconciler.wake()
+            time.sleep(0.2)
 
     def inject_fault(self, job_id: str, kind: str, rank: int) -> None:
         self.supervisors.inject_fault(job_id, kind, rank)

@@ -154,6 +154,41 @@ def test_sigterm_stops_serve_cleanly_and_takes_its_idle_ray_head_down(tmp_path: 
         assert find_local_ray(tmp_path / ".shardline") is None and head_is_gone(head)
 
 
+def test_sigterm_while_a_job_cancels_finishes_the_cancel_then_the_head(tmp_path: Path) -> None:
+    """A job cancelled just before serve is stopped: serve finishes the cancel within its
+    grace, records it, and takes its Ray head down (it used to leave the job CANCELLING and
+    the head and the job's supervisor running until the next serve)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving(tmp_path, port) as proc:
+        head = find_local_ray(tmp_path / ".shardline")
+        assert head is not None
+        token = (tmp_path / ".shardline" / "admin-token").read_text().strip()
+        auth = {"Authorization": f"Bearer {token}"}
+        spec = {
+            "name": "cancelled",
+            "model": {"preset": "tiny", "seq_len": 32},
+            "train": {"steps": 100_000, "global_batch_size": 2, "micro_batch_size": 1},
+        }
+        job = httpx.post(f"{url}/v1/jobs", json=spec, headers=auth, timeout=30).json()
+        deadline = time.monotonic() + 180
+        while httpx.get(f"{url}/v1/jobs/{job['id']}", headers=auth, timeout=30).json()["step"] < 1:
+            assert time.monotonic() < deadline, "the job did not train"
+            time.sleep(0.5)
+        cancelled = httpx.post(f"{url}/v1/jobs/{job['id']}/cancel", headers=auth, timeout=30)
+        assert cancelled.json()["state"] == "CANCELLING"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        assert "Leaving the local Ray head running" not in out, out
+        assert find_local_ray(tmp_path / ".shardline") is None and head_is_gone(head), out
+    db = Database(f"sqlite:///{tmp_path / '.shardline' / 'shardline.db'}")
+    try:
+        assert JobStore(db).get(job["id"]).state == JobState.CANCELLED
+    finally:
+        db.dispose()
+
+
 def test_a_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
