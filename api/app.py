@@ -13,8 +13,10 @@ from shardline.api.auth_guard import FailedAuthGuard
 from shardline.api.errors import install_error_handlers
 from shardline.api.export_slots import ExportSlots
 from shardline.api.limits import BodySizeLimit
+from shardline.api.live_tokens import LiveTokens
 from shardline.api.openapi import install_openapi
 from shardline.api.options import install_options
+from shardline.api.plan_turns import PlanTurns
 from shardline.api.rate_limit import TokenBuckets
 from shardline.api.routes import export, faults, jobs, logs, plan, profiles, queue, rates, system
 from shardline.api.routes.docs import install_docs
@@ -76,8 +78,10 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.auth_failures = TokenBuckets(
         settings.auth_failures_per_s, settings.auth_failures_burst
     )
+    app.state.live_tokens = LiveTokens(app.state.users.live_token_hashes)
     app.state.quotas = UserQuotas(db, settings)
     app.state.exports = ExportSlots()
+    app.state.plan_turns = PlanTurns()
     app.state.rates = RatesBook(db)
     app.state.calibration = Calibration(
         app.state.rates, the_runtime.calibrate, the_runtime.share_rates
@@ -92,7 +96,9 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: an address over its failed-authentication limit is
     # answered before the rest of the stack does any work.
-    app.add_middleware(FailedAuthGuard, failures=app.state.auth_failures)
+    app.add_middleware(
+        FailedAuthGuard, failures=app.state.auth_failures, live=app.state.live_tokens
+    )
     app.include_router(jobs.router)
     app.include_router(logs.router)
     app.include_router(faults.router)

@@ -3,8 +3,11 @@
 An address whose failed-authentication bucket is empty gets its 429 here, at the edge of
 the ASGI stack: no routing, no dependency resolution, no telemetry, no token lookup. A
 flood of bad tokens then costs the server as little as a request can, so `/healthz` and
-everyone else's requests keep their latency (S3 item 7). Requests that are not yet over
-the limit go on to `get_current_user`, which counts their failures.
+everyone else's requests keep their latency. A request from such an address with a live
+token goes on all the same (api/live_tokens.py): the address may be shared (every client
+of a default bind, every client behind one proxy), and nobody is refused for someone
+else's bad tokens. Requests that are not over the limit go on to `get_current_user`,
+which counts their failures.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shardline.api.live_tokens import LiveTokens
 from shardline.api.rate_limit import TokenBuckets, retry_after_header
+from shardline.service.users import hash_token
 
 # Every route under these needs a token; /healthz, /readyz, the page and its assets do not.
 GUARDED_PREFIXES = ("/v1/", "/metrics")
@@ -28,8 +33,8 @@ def refusal_message(address: str) -> str:
 
 
 class FailedAuthGuard:
-    def __init__(self, app: ASGIApp, failures: TokenBuckets) -> None:
-        self.app, self.failures = app, failures
+    def __init__(self, app: ASGIApp, failures: TokenBuckets, live: LiveTokens) -> None:
+        self.app, self.failures, self.live = app, failures, live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIXES):
@@ -38,7 +43,7 @@ class FailedAuthGuard:
         client = scope.get("client")
         address = client[0] if client else "unknown"
         wait_s = self.failures.wait(address)
-        if wait_s <= 0:
+        if wait_s <= 0 or await self._live_token(scope):
             await self.app(scope, receive, send)
             return
         body = json.dumps(
@@ -62,3 +67,11 @@ class FailedAuthGuard:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+    async def _live_token(self, scope: Scope) -> bool:
+        """Whether the request carries a live bearer token."""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and await self.live.holds(hash_token(token))
+        return False

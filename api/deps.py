@@ -86,16 +86,21 @@ def caller_of(request: Request, credentials: HTTPAuthorizationCredentials | None
     # Failed authentications are limited per address before any lookup: a flood of bad
     # tokens is answered by api/auth_guard.py before routing; this check holds for a route
     # outside its prefixes, with no database read either.
+    # A live token goes on from an address over its limit (the guard has read the live
+    # set where it needed to).
     failures: TokenBuckets = request.app.state.auth_failures
     address = request.client.host if request.client else "unknown"
-    if (wait_s := failures.wait(address)) > 0:
+    token_hash = hash_token(credentials.credentials) if credentials is not None else None
+    if (
+        wait_s := failures.wait(address)
+    ) > 0 and token_hash not in request.app.state.live_tokens.hashes:
         raise ApiError(
             429, "rate_limited", refusal_message(address), headers=retry_after_header(wait_s)
         )
-    if credentials is None:
+    if token_hash is None:
         failures.take(address)
         raise ApiError(401, "unauthorized", "missing bearer token", headers=_CHALLENGE)
-    return Caller(hash_token(credentials.credentials), address)
+    return Caller(token_hash, address)
 
 
 # The polled reads take the bearer credentials as their one dependency and look the token
@@ -153,12 +158,11 @@ def _token_key(token_hash: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Keep(Generic[T]):
     """How a polled read's answer is kept in the read cache (service/read_cache.py): under
-    `key(user)`, given again to a user only where `visible(user, answer)`, else
-    `hidden()` is raised (the 404 the read itself would give)."""
+    `key(user)`, given again to a user only where `visible(user, answer)` (else read
+    again, and the read gives its 404)."""
 
     key: Callable[[Principal], Hashable]
     visible: Callable[[Principal, T], bool] = lambda _user, _answer: True
-    hidden: Callable[[], Exception] = lambda: LookupError("not visible")
 
 
 async def read_as(
@@ -222,10 +226,11 @@ async def authenticated(
     user = cache.get(token_key)
     if user is not None and keep is not None:
         kept = cache.get(keep.key(user))
-        if kept is not None:
+        # Only an answer the user may see is given from the cache: one they may not is
+        # read again, as a made-up id is, so that a 404 takes as long whether or not the
+        # job exists (a quicker 404 would tell another user which ids are jobs).
+        if kept is not None and keep.visible(user, kept):
             _admit(request, caller, user)
-            if not keep.visible(user, kept):
-                raise keep.hidden()
             return kept  # what `keep` put there: a T
     generation = commits()  # before the read: a commit during it drops its answer
     inline = few_rows and db.reads_inline

@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     # credentials for it, as the storage's client library finds them (for S3: AWS_*
     # variables, a profile or an instance role); none are passed to jobs.
     checkpoint_root: str | None = None
-    # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots
+    # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots-<uid>
     # on each node, or its temp folder where it has no /dev/shm.
     snapshot_root: Path | None = None
     # A job's data.path must resolve inside one of these folders (comma-separated).
@@ -110,10 +110,14 @@ class Settings(BaseSettings):
     read_cache_notified_s: Annotated[float, Field(ge=0, le=60)] = 10.0
     # Requests with a missing, invalid or revoked token, per client address: over this,
     # 429 before the token is even looked up (each lookup is a database read), so a flood
-    # of bad tokens cannot slow everyone else. 0 turns it off. Behind a proxy every
-    # client has the proxy's address: raise it there, or let the proxy limit.
+    # of bad tokens cannot slow everyone else; a request with a live token still goes on
+    # (api/live_tokens.py). 0 turns it off. Behind a proxy, name it in trusted_proxies.
     auth_failures_per_s: Annotated[float, Field(ge=0)] = 5.0
     auth_failures_burst: Annotated[int, Field(ge=1)] = 100
+    # The proxies whose X-Forwarded-For names the client (addresses or networks, comma
+    # separated, "*" for any). None by default: the connection's own address counts, and
+    # no client can name another address to escape the limits kept per address.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Per-user quotas (admins included); 0 means no limit. Queued jobs over the limit are
     # refused at submit (429); jobs that would take a user's running jobs past the CPU or
     # GPU quota stay QUEUED with a queue_reason naming the quota.
@@ -126,6 +130,13 @@ class Settings(BaseSettings):
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
             return [Path(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("checkpoint_root")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ REQUEST = "request.json"
 FAILED = "request.error"
 MERGED = "merged.json"
 ACTIVE = "active"
+
+# One merge at a time in the service: a merge holds a rank's whole trace in memory, and two
+# first downloads of one profile would otherwise write the same file at once.
+_MERGING = threading.Lock()
 
 
 class ProfileBusy(StoreError):
@@ -164,14 +169,17 @@ class Profiles:
         merged = where / MERGED
         if merged.is_file():
             return merged
-        world = int(_read(where / REQUEST)["world_size"])
-        size = sum(trace_file(where, rank).stat().st_size for rank in range(world))
-        if size > MAX_MERGED_BYTES:
-            raise ProfileTooLarge(
-                f"the {world} ranks' traces are {size >> 20} MiB together, over the "
-                f"{MAX_MERGED_BYTES >> 20} MiB merged here; profile fewer steps"
-            )
-        write_atomically(merged, _merged_chunks(where, world))
+        with _MERGING:
+            if merged.is_file():  # merged by the request this one waited for
+                return merged
+            world = int(_read(where / REQUEST)["world_size"])
+            size = sum(trace_file(where, rank).stat().st_size for rank in range(world))
+            if size > MAX_MERGED_BYTES:
+                raise ProfileTooLarge(
+                    f"the {world} ranks' traces are {size >> 20} MiB together, over the "
+                    f"{MAX_MERGED_BYTES >> 20} MiB merged here; profile fewer steps"
+                )
+            write_atomically(merged, _merged_chunks(where, world))
         return merged
 
     def _release(self, profile_id: str) -> None:

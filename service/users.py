@@ -94,6 +94,12 @@ class UserDirectory:
             row = conn.execute(_AUTHENTICATE, {"token_hash": token_hash}).one_or_none()
         return None if row is None else Principal(row.id, row.name, row.is_admin)
 
+    def live_token_hashes(self) -> frozenset[str]:
+        """The hashes of every token issued and not revoked."""
+        with self.db.reader() as conn:
+            live = select(ApiToken.token_hash).where(ApiToken.revoked_at.is_(None))
+            return frozenset(conn.scalars(live))
+
     def list_tokens(self) -> list[TokenInfo]:
         with self.db.session() as s:
             rows = s.execute(select(ApiToken, User.name).join(User).order_by(ApiToken.id))

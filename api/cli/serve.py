@@ -37,6 +37,7 @@ def serve(
     signal.signal(signal.SIGINT, _exit_cleanly)
 
     from shardline.api.app import create_app
+    from shardline.api.listening import server_config
     from shardline.service.db import Database
     from shardline.service.local_ray import LocalRay, start_local_ray
     from shardline.service.migrate import upgrade_to_head
@@ -88,7 +89,7 @@ def serve(
         soft_wrap=True,
     )
     try:
-        server = uvicorn.Server(uvicorn.Config(create_app(settings, runtime), log_level="warning"))
+        server = uvicorn.Server(server_config(create_app(settings, runtime), settings))
         server.run(sockets=[listener])
     finally:
         # QUEUED and PAUSED jobs hold nothing on Ray: only supervised ones keep the head.

@@ -131,7 +131,7 @@ async def export_job(
     checkpoint is kept from the job's retention (`keep_last`) while it is read."""
     job = await run_in_threadpool(store.get, job_id, user)
     loop = asyncio.get_running_loop()
-    async with slots.slot():
+    async with slots.slot(user.id):
         layout = settings.job_layout(job.id)
         checkpoints = layout.checkpoints()
         with checkpoint_storage(ApiError):

@@ -138,7 +138,6 @@ async def get_job(job_id: str, request: Request, credentials: BearerDep) -> Resp
     keep: Keep[tuple[int, bytes]] = Keep(
         lambda _user: ("job", job_id),
         visible=lambda user, kept: user.is_admin or user.id == kept[0],
-        hidden=lambda: JobNotFound(f"no job {job_id}"),
     )
     _, body = await authenticated(request, credentials, lookup, few_rows=True, keep=keep)
     return encoded_response(body)

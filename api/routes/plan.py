@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,10 @@ from shardline.workers.contract.demand import bundle_resources, describe
 from shardline.workers.contract.spec import JobSpec
 
 router = APIRouter(prefix="/v1", tags=["plan"], responses=error_responses(401, 422, 429, 503))
+
+# What one plan may cost (a spec on thousands of ranks has hundreds of thousands of layouts).
+MAX_PLANNED_LAYOUTS = 20_000
+PLAN_CPU_S = 5.0
 
 
 class PlanRequest(BaseModel):
@@ -42,6 +46,7 @@ class PlanPublic(BaseModel):
 
 @router.post("/plan", response_model=PlanPublic)
 async def plan_layouts(
+    request: Request,
     body: PlanRequest,
     user: CurrentUser,
     runtime: RuntimeDep,
@@ -49,8 +54,10 @@ async def plan_layouts(
     book: RatesDep,
 ) -> Any:
     """Every legal layout of `spec` on `ranks` ranks (default: what is free now), those
-    that fit `device_memory` first, each group fastest first by the cost model."""
-    from shardline.workers.contract.planner import plan
+    that fit `device_memory` first, each group fastest first by the cost model. A plan
+    predicts at most 20000 layouts in at most 5 s of CPU (422 `plan_too_large` beyond),
+    one at a time per user (429)."""
+    from shardline.workers.contract.planner import PlanBudget, PlanTooLarge, plan
 
     def answer() -> PlanPublic:
         # The shapes come from model.init_from's config.json where it names one, as at submit.
@@ -67,13 +74,17 @@ async def plan_layouts(
                 )
         planning: PlanningRates = book.for_spec(spec)
         rates = planning.rates
-        planned = plan(
-            spec,
-            ranks,
-            rates,
-            ranks_per_node=body.gpus_per_node,
-            device_memory=body.device_memory or rates.device_memory,
-        )
+        try:
+            planned = plan(
+                spec,
+                ranks,
+                rates,
+                ranks_per_node=body.gpus_per_node,
+                device_memory=body.device_memory or rates.device_memory,
+                budget=PlanBudget(MAX_PLANNED_LAYOUTS, PLAN_CPU_S),
+            )
+        except PlanTooLarge as err:
+            raise ApiError(422, "plan_too_large", str(err)) from None
         if not planned:
             raise ApiError(
                 422,
@@ -91,4 +102,5 @@ async def plan_layouts(
         )
 
     # Planning 64 ranks is a few hundred milliseconds of CPU: off the event loop.
-    return await run_in_threadpool(answer)
+    with request.app.state.plan_turns.turn(user.id):
+        return await run_in_threadpool(answer)

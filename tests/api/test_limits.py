@@ -3,6 +3,7 @@ quotas, on a real server over SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shardline.api.live_tokens import RELOAD_EVERY_S
 from shardline.service.config import Settings
 from shardline.service.db import Database
 from shardline.service.migrate import upgrade_to_head
@@ -184,8 +186,13 @@ def test_bad_tokens_from_one_address_get_429_before_any_lookup(tmp_path: Path) -
         assert len(looked_up) == lookups, "a refused request still read the database"
         assert "SHARDLINE_AUTH_FAILURES_PER_S" in refused[0].json()["error"]["message"]
         assert int(refused[0].headers["Retry-After"]) >= 1
-        # The address is held back whatever token it sends, until its bucket refills.
-        assert http.get("/v1/jobs", headers=good).status_code == 429
+        # A header naming another address does not escape the limit: no proxy is trusted.
+        spoofed = http.get("/v1/jobs", headers={**bad, "X-Forwarded-For": "10.9.8.7"})
+        assert spoofed.status_code == 429
+        assert "10.9.8.7" not in spoofed.json()["error"]["message"]
+        # The address is held back for every request but one with a live token: another
+        # client of the same address is not refused for these bad tokens.
+        assert http.get("/v1/jobs", headers=good).status_code == 200
         # Answered before routing (api/auth_guard.py): even a path with no route is a 429,
         # in the one error shape.
         unrouted = http.get("/v1/no/such/route", headers=bad)
@@ -206,3 +213,53 @@ def test_429_and_503_are_documented_with_retry_after(limited: LimitedServer) -> 
             assert responses[status]["content"]["application/json"]["schema"] == {
                 "$ref": "#/components/schemas/ErrorBody"
             }
+
+
+def test_a_flood_of_bad_tokens_from_a_shared_address_refuses_no_live_token(
+    tmp_path: Path,
+) -> None:
+    """Bad tokens from 127.0.0.1 for a while, as any local client of a default bind may
+    send: every request of a user of the same address goes through, a token issued during
+    the flood included (a second later), and the live tokens are read at most about once a
+    second."""
+    url = f"sqlite:///{tmp_path / 'flood.db'}"
+    upgrade_to_head(url)
+    settings = Settings(
+        database_url=url, state_dir=tmp_path / "state", auth_failures_per_s=1, auth_failures_burst=5
+    )
+    db = Database(url)
+    users = UserDirectory(db)
+    alice = users.ensure_user("alice")
+    good = {"Authorization": f"Bearer {users.issue_token(alice, 'a').token}"}
+    flooding = threading.Event()
+    flood: list[int] = []
+
+    def send_bad_tokens(base_url: str) -> None:
+        with httpx.Client(base_url=base_url, timeout=30) as http:
+            while flooding.is_set():
+                forged = {"X-Forwarded-For": f"10.0.0.{len(flood) % 250}"}
+                bad = {"Authorization": f"Bearer made-up-{len(flood)}", **forged}
+                flood.append(http.get("/v1/jobs", headers=bad).status_code)
+
+    with run_server(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        flooding.set()
+        flooder = threading.Thread(target=send_bad_tokens, args=(server.url,))
+        began = time.monotonic()
+        flooder.start()
+        try:
+            while len(flood) < 10:
+                time.sleep(0.01)
+            mine = [http.get("/v1/jobs", headers=good).status_code for _ in range(30)]
+            # A token issued in another process during the flood: through within a second.
+            late = {"Authorization": f"Bearer {users.issue_token(alice, 'b').token}"}
+            time.sleep(RELOAD_EVERY_S)
+            mine += [http.get("/v1/jobs", headers=late).status_code for _ in range(10)]
+        finally:
+            flooding.clear()
+            flooder.join(timeout=30)
+        elapsed = time.monotonic() - began
+        reads = server.app.state.live_tokens.reads
+    db.dispose()
+    assert mine == [200] * 40
+    assert flood.count(429) >= len(flood) - 10, flood  # the flood itself is held back
+    assert reads <= elapsed / RELOAD_EVERY_S + 2, (reads, elapsed)

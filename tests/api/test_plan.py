@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,3 +75,73 @@ def test_mistakes_are_4xx_with_reasons(backend: Backend) -> None:
     anonymous = httpx.post(f"{backend.server.url}/v1/plan", json={"spec": SPEC, "ranks": 2})
     assert anonymous.status_code == 401
     client.close()
+
+
+# A spec whose shape divides every way: 192,732 legal layouts on 2520 ranks, a minute of
+# CPU and a gigabyte of memory to predict them all.
+CRAFTED: dict[str, Any] = {
+    "name": "crafted",
+    "model": {
+        "preset": "8b",
+        "seq_len": 64,
+        "dim": 5040,
+        "n_heads": 840,
+        "n_kv_heads": 840,
+        "head_dim": 6,
+        "n_layers": 1008,
+        "vocab_size": 504000,
+    },
+    "train": {"global_batch_size": 645120, "micro_batch_size": 1},
+}
+
+
+def test_a_plan_is_bounded_and_one_at_a_time_per_user(backend: Backend) -> None:
+    name, token = backend.new_user()
+    user = backend.users.find_user(name)
+    assert user is not None
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"{backend.server.url}/v1/plan"
+    turns = backend.server.app.state.plan_turns
+    crafted: list[httpx.Response] = []
+
+    def plan_crafted() -> None:
+        crafted.append(
+            httpx.post(url, json={"spec": CRAFTED, "ranks": 2520}, headers=headers, timeout=120)
+        )
+
+    began = time.monotonic()
+    planning = threading.Thread(target=plan_crafted)
+    planning.start()
+    # While it is computed, the same user's next plan is told to wait its turn; another
+    # user's plan is answered.
+    while not turns.planning(user.id):
+        assert planning.is_alive(), [r.text for r in crafted]
+        time.sleep(0.01)
+    second = httpx.post(url, json={"spec": SPEC, "ranks": 4}, headers=headers, timeout=60)
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "too_many_plans"
+    assert "one plan at a time per user" in second.json()["error"]["message"]
+    assert int(second.headers["Retry-After"]) >= 1
+    _, other = backend.new_user()
+    answered = httpx.post(
+        url,
+        json={"spec": SPEC, "ranks": 4},
+        headers={"Authorization": f"Bearer {other}"},
+        timeout=60,
+    )
+    assert answered.status_code == 200
+    planning.join(timeout=120)
+    elapsed = time.monotonic() - began
+    (refused,) = crafted
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "plan_too_large"
+    message = refused.json()["error"]["message"]
+    assert "parallel.max_tp" in message and ("20000" in message or "5 s of CPU" in message)
+    assert elapsed < 30, elapsed  # it took 66 s unbounded
+    # Bounded by the spec's own max_tp and max_pp, the same shape plans.
+    bounded = {**CRAFTED, "parallel": {"auto": True, "max_tp": 2, "max_pp": 2}}
+    answer = httpx.post(url, json={"spec": bounded, "ranks": 2520}, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert all(
+        item["parallel"]["tp"] <= 2 and item["parallel"]["pp"] <= 2
+        for item in answer.json()["layouts"]
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,37 @@ def test_a_profile_that_cannot_reach_the_ranks_is_refused_and_failed(
         owner.profile(job, 3)
     with pytest.raises(Conflict, match="the profile was not started"):
         owner.profile(job, 3)  # the failed one holds nothing back
+
+
+def test_first_downloads_at_once_merge_the_trace_once(backend: Backend, tmp_path: Path) -> None:
+    """Four first downloads of one profile together: each gets the whole merged trace (they
+    used to merge into one temporary file at once, and three were 500s)."""
+    _, token = backend.new_user()
+    clients = [backend.client(token) for _ in range(4)]
+    job = clients[0].submit(SPEC)["id"]
+    store = JobStore(backend.db)
+    store.transition(job, JobState.STARTING, "test")
+    version = store.transition(job, JobState.RUNNING, "test").version
+    profiles = Profiles(backend.server.settings.job_layout(job).profiles_dir)
+    profile_id = profiles.begin(1, 2, version)
+    span = {"name": "aten::mm", "ph": "X", "tid": 1, "ts": 1, "dur": 2}
+    for rank in (0, 1):  # large enough that one merge takes a while
+        trace = {"traceEvents": [{**span, "pid": rank, "ts": i} for i in range(60_000)]}
+        (profiles.folder / profile_id / f"rank-{rank}.json").write_text(json.dumps(trace))
+    assert clients[0].profile_state(job, profile_id)["state"] == "done"
+    try:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            paths = list(
+                pool.map(
+                    lambda i: clients[i].profile_trace(job, profile_id, tmp_path / f"{i}.json"),
+                    range(len(clients)),
+                )
+            )
+    finally:
+        for c in clients:
+            c.close()
+    bodies = {p.read_bytes() for p in paths}
+    assert len(bodies) == 1
+    merged = json.loads(bodies.pop())
+    assert sum(e["ph"] == "X" for e in merged["traceEvents"]) == 120_000
+    assert not list((profiles.folder / profile_id).glob(".*.partial"))

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from shardline.api.app import create_app
+from shardline.api.listening import server_config
 from shardline.service.config import Settings
 from shardline.service.runtime import Runtime
 from shardline.workers.contract.net import free_port
@@ -34,7 +35,7 @@ def run_server(
     settings = settings.model_copy(update={"port": port})
     app = create_app(settings, runtime)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        server_config(app, settings, host="127.0.0.1", port=port, lifespan="on")
     )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

@@ -78,7 +78,7 @@ def test_exports_beyond_the_running_and_waiting_ones_get_429() -> None:
 
         async def export(name: str) -> None:
             try:
-                async with slots.slot():
+                async with slots.slot(user_id=ord(name)):
                     said.append(f"{name} runs")
                     await release.wait()
             except ApiError as err:
@@ -103,9 +103,46 @@ def test_the_export_queue_names_its_limit() -> None:
 
         async def full() -> None:
             slots = ExportSlots(at_once=1, waiting=0)
-            async with slots.slot(), slots.slot():
+            async with slots.slot(1), slots.slot(2):
                 pass
 
         run_loop(full)
     assert caught.value.status == 429 and "at most 1 at once" in caught.value.message
     assert caught.value.headers is not None and "Retry-After" in caught.value.headers
+
+
+def test_one_user_cannot_take_every_export_slot() -> None:
+    """Ten slots on the server, two a user: the third export of one user is told to come
+    back while another user's still runs."""
+
+    async def scenario() -> list[str]:
+        slots = ExportSlots(at_once=2, waiting=8, per_user=2)
+        release = asyncio.Event()
+        said: list[str] = []
+
+        async def export(user: int, name: str) -> None:
+            try:
+                async with slots.slot(user):
+                    said.append(f"{name} runs")
+                    await release.wait()
+            except ApiError as err:
+                said.append(f"{name} {err.status} {err.message}")
+
+        first = [asyncio.create_task(export(1, n)) for n in ("a1", "a2", "a3")]
+        await asyncio.sleep(0.05)
+        other = asyncio.create_task(export(2, "b1"))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(*first, other)
+        slots.executor.shutdown()
+        return said
+
+    said = run_loop(scenario)
+    assert said[:3] == [
+        "a1 runs",
+        "a2 runs",
+        "a3 429 you have 2 exports running or waiting "
+        "on this server (at most 2 per user); retry after the Retry-After "
+        "seconds",
+    ], said
+    assert said[3] == "b1 runs"

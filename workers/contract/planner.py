@@ -11,6 +11,7 @@ first, each group fastest first.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +20,51 @@ from pydantic import ValidationError
 from shardline.workers.contract.cost_model import Prediction, predict
 from shardline.workers.contract.grad_compression import GradCompressionKind
 from shardline.workers.contract.rates import DEFAULT_RATES, Rates
-from shardline.workers.contract.sections import ActivationCheckpointing, PipelineSchedule
+from shardline.workers.contract.sections import (
+    ActivationCheckpointing,
+    ParallelSpec,
+    PipelineSchedule,
+)
 from shardline.workers.contract.spec import JobSpec
 
 # Interleaved 1F1B is offered with two virtual stages per rank: more cut the bubble little
 # and multiply the sends.
 INTERLEAVED_VIRTUAL_STAGES = 2
+
+
+class PlanTooLarge(ValueError):
+    """A plan past its budget (`PlanBudget`): too many layouts, or too much CPU time."""
+
+
+@dataclass
+class PlanBudget:
+    """What one plan may cost: the layouts it predicts and the CPU seconds of the thread
+    that plans (a spec on thousands of ranks has hundreds of thousands of layouts, and a
+    request must not hold a core for a minute). A plan past either raises PlanTooLarge,
+    which names the bound and how to stay within it."""
+
+    max_layouts: int
+    cpu_s: float
+    started: float = 0.0
+
+    def start(self) -> None:
+        self.started = time.thread_time()
+
+    def check(self, ranks: int) -> None:
+        if time.thread_time() - self.started > self.cpu_s:
+            raise PlanTooLarge(
+                f"planning {ranks} ranks took more than the {self.cpu_s:g} s of CPU a plan "
+                "may take; plan fewer ranks, or bound the search with parallel.max_tp and "
+                "parallel.max_pp (with parallel.auto: true)"
+            )
+
+    def count(self, layouts: int, ranks: int) -> None:
+        if layouts > self.max_layouts:
+            raise PlanTooLarge(
+                f"this spec has {layouts} legal layouts on {ranks} ranks, more than the "
+                f"{self.max_layouts} a plan predicts; plan fewer ranks, or bound the search "
+                "with parallel.max_tp and parallel.max_pp (with parallel.auto: true)"
+            )
 
 
 @dataclass
@@ -72,12 +112,24 @@ def _schedules(pp: int) -> list[tuple[PipelineSchedule, int]]:
     ]
 
 
-def legal_layouts(spec: JobSpec, ranks: int) -> list[JobSpec]:
-    """Every legal layout of `spec` on `ranks` ranks (the spec's other sections kept)."""
+def legal_layouts(spec: JobSpec, ranks: int, budget: PlanBudget | None = None) -> list[JobSpec]:
+    """Every legal layout of `spec` on `ranks` ranks (the spec's other sections kept),
+    within its bounds (`parallel.max_tp`, `parallel.max_pp`) where it has them."""
+    return [v for legal in _legal_bases(spec, ranks, budget) for v in _variants(legal)]
+
+
+def _legal_bases(spec: JobSpec, ranks: int, budget: PlanBudget | None) -> list[JobSpec]:
+    """One legal spec per (dp, tp, pp, schedule, micro-batch): `_variants` of each are
+    legal too."""
     base = spec.model_dump(mode="json")
+    bounds = spec.parallel
     out: list[JobSpec] = []
     for tp in divisors(ranks):
+        if bounds.max_tp is not None and tp > bounds.max_tp:
+            continue
         for pp in divisors(ranks // tp):
+            if bounds.max_pp is not None and pp > bounds.max_pp:
+                continue
             dp = ranks // (tp * pp)
             for schedule, virtual in _schedules(pp):
                 if spec.train.global_batch_size % dp:
@@ -101,22 +153,36 @@ def legal_layouts(spec: JobSpec, ranks: int) -> list[JobSpec]:
                         },
                         "train": {**base["train"], "micro_batch_size": micro},
                     }
+                    if budget is not None:
+                        budget.check(ranks)
                     try:
-                        legal = JobSpec.model_validate(data)
+                        out.append(JobSpec.model_validate(data))
                     except ValidationError:
                         continue
-                    out.extend(_variants(legal))
     return out
+
+
+def _zero_stages(par: ParallelSpec) -> range:
+    # PowerSGD is DDP's hook: only zero 0 and 1 train under DDP (the spec refuses more).
+    most_zero = 1 if par.grad_compression.kind == GradCompressionKind.powersgd else 3
+    return range(most_zero + 1) if par.dp > 1 else range(1)
+
+
+def _sequence_parallel(par: ParallelSpec) -> tuple[bool, ...]:
+    return (False, True) if par.tp > 1 else (False,)
+
+
+def _variant_count(legal: JobSpec) -> int:
+    par = legal.parallel
+    return len(_zero_stages(par)) * len(_sequence_parallel(par)) * len(ActivationCheckpointing)
 
 
 def _variants(legal: JobSpec) -> list[JobSpec]:
     """The choices that keep a legal layout legal: ZeRO stage, sequence parallel, AC."""
     par = legal.parallel
     out = []
-    # PowerSGD is DDP's hook: only zero 0 and 1 train under DDP (the spec refuses more).
-    most_zero = 1 if par.grad_compression.kind == GradCompressionKind.powersgd else 3
-    for zero in range(most_zero + 1) if par.dp > 1 else [0]:
-        for sp in (False, True) if par.tp > 1 else (False,):
+    for zero in _zero_stages(par):
+        for sp in _sequence_parallel(par):
             for ac in ActivationCheckpointing:
                 out.append(
                     legal.model_copy(
@@ -151,10 +217,19 @@ def plan(
     *,
     ranks_per_node: int | None = None,
     device_memory: int | None = None,
+    budget: PlanBudget | None = None,
 ) -> list[PlannedLayout]:
-    """The legal layouts, predicted: those that fit first, each group fastest first."""
+    """The legal layouts, predicted: those that fit first, each group fastest first.
+    Within `budget` where one is given: its layouts are counted before any is predicted."""
+    if budget is not None:
+        budget.start()
+    bases = _legal_bases(spec, ranks, budget)
+    if budget is not None:
+        budget.count(sum(_variant_count(b) for b in bases), ranks)
     planned = []
-    for layout in legal_layouts(spec, ranks):
+    for layout in (v for legal in bases for v in _variants(legal)):
+        if budget is not None:
+            budget.check(ranks)
         predicted = predict(layout, rates, ranks_per_node=ranks_per_node)
         fits = device_memory is None or predicted.peak_bytes_per_rank <= device_memory
         planned.append(PlannedLayout(layout, fits, predicted))
