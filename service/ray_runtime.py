@@ -21,7 +21,7 @@ from shardline.service.reconciler import Reconciler
 from shardline.service.runtime import ClusterInfo, FaultNotDelivered
 from shardline.service.scheduler import Scheduler, host_memory_refusal
 from shardline.service.store import JobStore
-from shardline.service.warm_pool import start_warm_pool
+from shardline.service.warm_pool import idle_pool_bytes, start_warm_pool
 from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.contract.demand import (
     RESOURCE_NAMES,
@@ -166,7 +166,7 @@ class RayRuntime:
         )
         self.scheduler = Scheduler(
             store,
-            cluster_total=self._total,
+            cluster_total=self._admission_total,
             launch=self._launch,
             discard=self.supervisors.remove,
             quota_limits=resource_limits(settings),
@@ -285,6 +285,14 @@ class RayRuntime:
     def _total(self) -> dict[str, float]:
         res = ray.cluster_resources()
         return {k: float(res.get(k, 0.0)) for k in RESOURCE_NAMES if counted(k, res)}
+
+    def _admission_total(self) -> dict[str, float]:
+        """What the scheduler admits against: the cluster's resources, less the host
+        memory of the warm pool's idle processes (no job's, but held all the same)."""
+        total = self._total()
+        if "memory" in total:
+            total["memory"] = max(0.0, total["memory"] - idle_pool_bytes())
+        return total
 
     def cluster(self) -> ClusterInfo:
         available = ray.available_resources()

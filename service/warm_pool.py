@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from shardline.service.config import Settings
+from shardline.workers.contract.demand import PROCESS_BYTES
 from shardline.workers.runtime.actors import WarmPoolActor
 from shardline.workers.runtime.names import HEAD_RESOURCE, NAMESPACE, WARM_POOL_NAME
 
@@ -37,3 +38,15 @@ def start_warm_pool(settings: Settings, runtime_env: dict[str, Any]) -> None:
         ).remote(per_node, idle_s)
     pool.configure.remote(per_node, idle_s)
     log.info("warm pool: %d rank processes kept started on each node", per_node)
+
+
+def idle_pool_bytes() -> float:
+    """Host memory the pool's idle processes hold (ready or still starting): not any job's,
+    so the scheduler admits against what is left. 0 where there is no pool, or it does not
+    answer in a second (the scheduler's next tick asks again)."""
+    try:
+        pool = ray.get_actor(WARM_POOL_NAME, namespace=NAMESPACE)
+        counts: Any = ray.get(pool.counts.remote(), timeout=1.0)
+    except Exception:  # no pool (off, or not started yet), or busy
+        return 0.0
+    return float((counts["ready"] + counts["starting"]) * PROCESS_BYTES)

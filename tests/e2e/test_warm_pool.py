@@ -16,7 +16,9 @@ import ray
 
 from shardline.api.client import TERMINAL_STATES
 from shardline.service.local_ray import LocalRay
+from shardline.service.warm_pool import idle_pool_bytes
 from shardline.workers.contract.data_access import DataAccess
+from shardline.workers.contract.demand import PROCESS_BYTES
 from shardline.workers.runtime.actors import WarmPoolActor
 from shardline.workers.runtime.names import (
     HEAD_RESOURCE,
@@ -99,6 +101,11 @@ def test_ranks_come_from_the_pool_and_die_with_their_supervisor(pool_on: Any) ->
         wait_until(lambda: ray.get(pool.counts.remote())["ready"] == 2, 120, "a warm pool")
         idle = idle_pids(pool)
         assert len(idle) == 2
+        # The idle processes hold memory no job holds: the scheduler admits against the rest.
+        assert idle_pool_bytes() == 2 * PROCESS_BYTES
+        memory = float(ray.cluster_resources()["memory"])
+        admitted = server.app.state.runtime._admission_total()["memory"]
+        assert admitted == memory - 2 * PROCESS_BYTES
 
         job = c.submit(BODY)
         wait_for(c, job["id"], lambda j: j["step"] >= 3, 90)

@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardline.workers.runtime.warm_pool import Idle, Readiness, WarmPool
+from shardline.workers.runtime.warm_pool import (
+    MAX_JOBS_PER_WORKER,
+    MAX_RECYCLED_BYTES,
+    Idle,
+    Readiness,
+    Recycled,
+    Returned,
+    WarmPool,
+)
+
+FRESH = Recycled(jobs=1, resident_bytes=700 << 20)
+
+
+def back(node: str, actor: Any, recycled: Recycled = FRESH) -> Returned:
+    return Returned(node, actor, recycled)
 
 
 class FakePool(WarmPool):
@@ -120,7 +134,7 @@ def test_workers_given_back_go_first_in_line_and_the_newest_are_stopped() -> Non
     held = pool.take(["a", "a"])
     pool.refill()  # the job trains: two replacements start
     assert [e.actor for e in pool.idle] == [2, 3]
-    pool.give_back([("a", held[0]), ("a", held[1])])  # its job ended cleanly
+    pool.give_back([back("a", held[0]), back("a", held[1])])  # its job ended cleanly
     # Those given back are ready at once and kept; the replacements still starting go.
     assert [e.actor for e in pool.idle] == held and pool.stopped == [2, 3]
     assert pool.counts()["ready"] == 2
@@ -134,8 +148,23 @@ def test_workers_given_back_to_a_full_or_resting_pool_are_stopped() -> None:
     (held,) = pool.take(["a"])
     pool.refill()
     pool.all_ready()
-    pool.give_back([("a", held), ("a", 99)])  # more than the node keeps: the rest stop
+    pool.give_back([back("a", held), back("a", 99)])  # more than the node keeps: the rest stop
     assert [e.actor for e in pool.idle] == [held] and pool.stopped == [99, 1]
     pool.now += 61.0  # resting: anything given back stops, nothing starts
-    pool.give_back([("b", 7)])
+    pool.give_back([back("b", 7)])
     assert pool.idle == [] and set(pool.stopped[-2:]) == {held, 7}
+
+
+def test_a_worker_worn_by_jobs_or_grown_large_is_stopped_and_replaced() -> None:
+    """Reused processes grow with each job (686 -> ~800 MB over six tiny ones): one that
+    has served its jobs, or holds more than the bound, is not kept but replaced."""
+    pool = FakePool(2, 60.0, {"a"})
+    pool.maintain()
+    pool.all_ready()
+    held = pool.take(["a", "a"])
+    worn = Recycled(jobs=MAX_JOBS_PER_WORKER, resident_bytes=700 << 20)
+    grown = Recycled(jobs=2, resident_bytes=MAX_RECYCLED_BYTES + 1)
+    pool.give_back([back("a", held[0], worn), back("a", held[1], grown)])
+    assert set(pool.stopped) == set(held) and pool.idle == []
+    pool.refill()  # as the job's release then asks
+    assert len(pool.idle) == 2 and all(e.actor not in held for e in pool.idle)

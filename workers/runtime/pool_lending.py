@@ -9,6 +9,7 @@ from typing import Any
 
 from shardline.workers.contract.data_access import DataAccess
 from shardline.workers.runtime.names import NAMESPACE, WARM_POOL_NAME
+from shardline.workers.runtime.warm_pool import Returned
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +92,15 @@ def return_to_pool(actors: list[Any], lent: dict[Any, str]) -> list[Any]:
     except ValueError:  # the pool is gone (or off): its workers die with it anyway
         return actors
     calls = {actor: actor.recycle.remote() for actor in workers}
-    back: list[tuple[str, Any]] = []
+    back: list[Returned] = []
     for actor, ref in calls.items():
         try:
-            if ray.get(ref, timeout=RECYCLE_TIMEOUT_S):
-                back.append((workers[actor], actor))
+            recycled = ray.get(ref, timeout=RECYCLE_TIMEOUT_S)
         except Exception as err:  # died, or still busy: killed with the others
             log.info("a pooled rank was not recycled (%s)", type(err).__name__)
+            continue
+        if recycled is not None:
+            back.append(Returned(workers[actor], actor, recycled))
     if not back:
         return actors
     try:  # waited for, so the next job's take finds them
@@ -105,5 +108,5 @@ def return_to_pool(actors: list[Any], lent: dict[Any, str]) -> list[Any]:
     except Exception as err:
         log.warning("the warm pool did not take its workers back (%s)", type(err).__name__)
         return actors  # killed by the caller: none is left idle outside the pool
-    taken = {actor for _, actor in back}
+    taken = {r.actor for r in back}
     return [a for a in actors if a not in taken]

@@ -35,6 +35,7 @@ from shardline.workers.contract.spec import JobSpec
 from shardline.workers.contract.status import WorkerPhase
 from shardline.workers.runtime import priority
 from shardline.workers.runtime.rank_process import empty_device_cache
+from shardline.workers.runtime.warm_pool import Recycled, resident_bytes
 from shardline.workers.runtime.worker import TrainingWorker
 from shardline.workers.storage.layout import CheckpointLocations, JobLayout
 
@@ -50,6 +51,7 @@ class PooledWorker(TrainingWorker):
     def __init__(self) -> None:  # no job yet: TrainingWorker.__init__ runs in adopt()
         self._background = priority.lower()  # the import thread starts at this priority
         self._adopted = False
+        self._jobs = 0  # the jobs this process has been a rank of
         self._watching: threading.Event | None = None  # set: stop watching the supervisor
         self._imports = threading.Thread(target=_import_engine, name="imports", daemon=True)
         self._imports.start()
@@ -81,6 +83,7 @@ class PooledWorker(TrainingWorker):
             access.install()
         TrainingWorker.__init__(self, layout, rank, world_size, spec, checkpoints, cpus)
         self._adopted = True
+        self._jobs += 1
         if supervisor is not None:
             self._watching = threading.Event()
             threading.Thread(
@@ -92,20 +95,21 @@ class PooledWorker(TrainingWorker):
         log.info("job %s: a pooled worker became rank %d", layout.job_id, rank)
         return os.getpid()
 
-    def recycle(self) -> bool:
+    def recycle(self) -> Recycled | None:
         """Stop being the job's rank and be an idle pooled worker again, if this rank may
         be reused: its training ended cleanly (or never started), it left its world, and
-        no save of it is in flight. Whether it was; where not, nothing changed."""
+        no save of it is in flight. What the pool needs to judge the process (it may still
+        stop it: workers/runtime/warm_pool.py); None where it was not, and nothing changed."""
         import torch.distributed as dist
 
         if not self._adopted:
-            return False
+            return None
         if self._thread is not None and self._thread.is_alive():
-            return False  # still training, or still leaving its world
+            return None  # still training, or still leaving its world
         clean = self._phase in (WorkerPhase.IDLE, WorkerPhase.DONE, WorkerPhase.STOPPED)
         saving = self._trainer is not None and self._trainer.checkpoints.in_flight()
         if not clean or self._error is not None or saving or self._saves or dist.is_initialized():
-            return False
+            return None
         if self._watching is not None:
             self._watching.set()  # the supervisor ends with the job: no death of ours
             self._watching = None
@@ -119,7 +123,7 @@ class PooledWorker(TrainingWorker):
             sys.modules["torch._dynamo"].reset()
         gc.collect()  # the model's modules and hooks hold one another in cycles
         empty_device_cache()
-        return True
+        return Recycled(self._jobs, resident_bytes())
 
     def _watch(self, supervisor: Any, recycled: threading.Event) -> None:
         import ray

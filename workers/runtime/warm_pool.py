@@ -30,6 +30,7 @@ first. Jobs back to back on 2 cores had each waited 1.3-2.6 s for replacements' 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,37 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0
 REFILL_AFTER_S = 30.0
+# A process given back after this many jobs, or holding more than this, is stopped rather
+# than kept (a fresh one replaces it): what each job leaves in a process's heap (the
+# allocator's arenas, torch's caches) adds up, about 20 MB a tiny job, and a process that
+# trained a large model on CPU keeps its heap at that size.
+MAX_JOBS_PER_WORKER = 4
+MAX_RECYCLED_BYTES = 1 << 30
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class Recycled:
+    """A pooled rank's process, ready to be idle again: how many jobs it has served and
+    what it holds."""
+
+    jobs: int
+    resident_bytes: int
+
+
+@dataclass(frozen=True)
+class Returned:
+    node: str
+    actor: Any
+    recycled: Recycled
 
 
 class Readiness(StrEnum):
@@ -106,12 +138,27 @@ class WarmPool:
                 taken.append(entry.actor if entry is not None else None)
         return taken
 
-    def give_back(self, workers: list[tuple[str, Any]]) -> None:
-        """Take back (node, worker) pairs whose job ended cleanly, each recycled (idle and
-        with everything imported): first in line on its node; a node over `per_node` then
-        loses its newest."""
+    def give_back(self, workers: list[Returned]) -> None:
+        """Take back workers whose job ended cleanly, each recycled (idle and with
+        everything imported): first in line on its node; a node over `per_node` then loses
+        its newest. One that has served `MAX_JOBS_PER_WORKER` jobs or holds more than
+        `MAX_RECYCLED_BYTES` is stopped instead, and replaced by a fresh one."""
+        kept, worn = [], []
+        for returned in workers:
+            spent = returned.recycled
+            if spent.jobs >= MAX_JOBS_PER_WORKER or spent.resident_bytes > MAX_RECYCLED_BYTES:
+                worn.append(Idle(returned.node, returned.actor, None))
+                log.info(
+                    "warm pool: a worker that served %d jobs and holds %d MiB is stopped, not kept",
+                    spent.jobs,
+                    spent.resident_bytes >> 20,
+                )
+            else:
+                kept.append(Idle(returned.node, returned.actor, None))
         with self._lock:
-            self.idle[:0] = [Idle(node, actor, None) for node, actor in workers]
+            self.idle[:0] = kept
+        for entry in worn:
+            self._stop(entry)
         self.maintain()
 
     def refill(self) -> None:
