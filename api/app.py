@@ -66,6 +66,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    settings.storage_limits.install()  # the checkpoint reads this process makes
     app.state.settings = settings
     app.state.db = db
     app.state.store = JobStore(db)

@@ -71,20 +71,22 @@ class StorageUnavailable(Exception):
 
 
 @contextmanager
-def checkpoint_storage(*passes: type[Exception]) -> Iterator[None]:
-    """A read of the checkpoint storage: one that does not answer raises
-    StorageUnavailable with what it said. The caller's own refusals (`passes`, and
-    Refused) go through as they are."""
+def checkpoint_storage(job_id: str, *passes: type[Exception]) -> Iterator[None]:
+    """A read of job `job_id`'s checkpoints: one the storage does not answer raises
+    StorageUnavailable naming the job's checkpoints and the kind of error, never what the
+    storage's error says (its endpoint, bucket and prefix are the operator's to see, in
+    the server's log). The caller's own refusals (`passes`, and Refused) go through."""
     through: tuple[type[Exception], ...] = (Refused, *passes)
     try:
         yield
     except through:
         raise
     except Exception as err:
-        log.warning("the checkpoint storage failed a read: %r", err)
+        log.warning("job %s: the checkpoint storage failed a read: %r", job_id, err)
         raise StorageUnavailable(
-            f"the checkpoint storage did not answer ({type(err).__name__}: {err}); "
-            "try again, or ask an admin to check SHARDLINE_CHECKPOINT_ROOT"
+            f"the checkpoint storage did not answer a read of job {job_id}'s checkpoints "
+            f"({type(err).__name__}); try again, or ask an admin to check "
+            "SHARDLINE_CHECKPOINT_ROOT"
         ) from None
 
 
@@ -236,7 +238,7 @@ def check_resume_from(spec: JobSpec, user: Viewer, store: JobStore, settings: Se
     if source is None:
         return
     job = store.get(source.job_id, user)
-    with checkpoint_storage():
+    with checkpoint_storage(job.id):
         found = settings.job_layout(job.id).checkpoints().find(source.step)
     if found is None:
         which = f"at step {source.step}" if source.step else "yet"

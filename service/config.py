@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from shardline.workers.storage.layout import JobLayout
+from shardline.workers.storage.limits import StorageLimits
 from shardline.workers.storage.urls import storage_url_problem
 
 DEFAULT_STATE_DIR = Path(".shardline")
@@ -80,6 +81,12 @@ class Settings(BaseSettings):
     # credentials for it, as the storage's client library finds them (for S3: AWS_*
     # variables, a profile or an instance role); none are passed to jobs.
     checkpoint_root: str | None = None
+    # Each call to object storage (s3://), in the API and in every job: the seconds to
+    # connect and to wait for an answer, and how many times it is tried, so that a store
+    # that does not answer fails a request or a save in seconds (workers/storage/limits.py).
+    storage_connect_timeout_s: Annotated[float, Field(gt=0, le=600)] = 5.0
+    storage_read_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    storage_attempts: Annotated[int, Field(ge=1, le=10)] = 2
     # Host memory for in-memory snapshots (a tmpfs); empty: /dev/shm/shardline-snapshots-<uid>
     # on each node, or its temp folder where it has no /dev/shm.
     snapshot_root: Path | None = None
@@ -124,6 +131,12 @@ class Settings(BaseSettings):
     user_max_queued_jobs: Annotated[int, Field(ge=0)] = 1000
     user_max_cpus: Annotated[float, Field(ge=0)] = 0.0
     user_max_gpus: Annotated[float, Field(ge=0)] = 0.0
+
+    @property
+    def storage_limits(self) -> StorageLimits:
+        return StorageLimits(
+            self.storage_connect_timeout_s, self.storage_read_timeout_s, self.storage_attempts
+        )
 
     @field_validator("data_roots", mode="before")
     @classmethod

@@ -53,7 +53,9 @@ class RaySupervisors:
         self.settings = settings
         # Every actor a supervisor starts inherits its runtime_env, so each worker reads
         # the data roots from its environment when it opens a file.
-        self.runtime_env = {"env_vars": (access or DataAccess()).env_vars()}
+        # So do their limits on each call to object storage.
+        env = {**(access or DataAccess()).env_vars(), **settings.storage_limits.env_vars()}
+        self.runtime_env = {"env_vars": env}
         # Named-actor lookups go to the GCS; the reconciler asks several times per tick.
         # A handle is dropped when its actor fails a call or is removed.
         self._handles: dict[str, Any] = {}

@@ -134,7 +134,7 @@ async def export_job(
     async with slots.slot(user.id):
         layout = settings.job_layout(job.id)
         checkpoints = layout.checkpoints()
-        with checkpoint_storage(ApiError):
+        with checkpoint_storage(job.id, ApiError):
             ckpt, pin = await loop.run_in_executor(
                 slots.executor, _pinned_checkpoint, checkpoints, job.id, step
             )

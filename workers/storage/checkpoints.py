@@ -26,6 +26,8 @@ from typing import Any
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from shardline.workers.storage.limits import install_from_env
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -77,6 +79,8 @@ class CheckpointStore:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         remote = "://" in self.url and not self.url.startswith("file://")
+        if remote:
+            install_from_env()  # in a supervisor or a rank: the control plane's limits
         # An object store's listings must be read fresh: other ranks and processes commit.
         self.fs, self.root = url_to_fs(
             self.url, **({"use_listings_cache": False} if remote else {})
