@@ -44,11 +44,21 @@ def serve(
     from shardline.service.store import JobStore
     from shardline.service.users import UserDirectory, bootstrap_admin
     from shardline.workers.contract.lifecycle import SUPERVISED
+    from shardline.workers.storage.urls import missing_bucket
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**overrides)
     # The port first: a port taken is said in one line before anything is started.
     listener = listen_on(settings.host, settings.port)
+    settings.storage_limits.install()  # a store that does not answer is said in seconds
+    if settings.checkpoint_root and (bucket := missing_bucket(settings.checkpoint_root)):
+        raise fail(
+            [
+                f"the bucket {bucket} of SHARDLINE_CHECKPOINT_ROOT does not exist; create it "
+                "(Shardline never creates one) or set SHARDLINE_CHECKPOINT_ROOT to another"
+            ],
+            code=1,
+        )
     bound_port = listener.getsockname()[1]
     private_state(settings.state_dir)
     url = settings.resolved_database_url

@@ -159,10 +159,16 @@ class CheckpointStore:
 
     # -- writing ---------------------------------------------------------------------
 
+    def make_folder(self, path: str) -> None:
+        """`path` as a folder, where the store has folders: an object store has none, and
+        s3fs making one would create a missing bucket, which is the operator's to make."""
+        if self.atomic_rename:  # a local (or mounted) folder
+            self.fs.makedirs(path, exist_ok=True)
+
     def clear_staging(self) -> None:
         """Remove what saves that never committed left behind (call before saving)."""
         if not self.fs.exists(self.root):
-            self.fs.makedirs(self.root, exist_ok=True)
+            self.make_folder(self.root)
             return
         for entry in self.fs.ls(self.root, detail=False):
             if entry.rstrip("/").rsplit("/", 1)[-1].startswith(".staging-"):
@@ -217,7 +223,7 @@ class CheckpointStore:
         unpin() when done."""
         until = int(time.time() + for_s)
         path = self._join(PINS, f"step-{step:08d}.until-{until}.{uuid.uuid4().hex}")
-        self.fs.makedirs(self._join(PINS), exist_ok=True)
+        self.make_folder(self._join(PINS))
         self.fs.pipe_file(path, b"")
         return path
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable
 
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,8 @@ class SkippedBatches:
         """Record that step `step` no longer trains batch `batch` (written whole, then
         renamed, so a reader never sees half a record)."""
         entries = [*self.read(), {"step": step, "batch": batch}]
-        parent = self.path.rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
+        if isinstance(self.fs, LocalFileSystem):  # an object store has no folders to make
+            self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
         staging = f"{self.path}.tmp"
         with self.fs.open(staging, "w", encoding="utf-8") as f:
             json.dump({"skipped": entries}, f)
