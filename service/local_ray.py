@@ -64,6 +64,28 @@ def _auth_token(state_dir: Path) -> Path:
     return path
 
 
+# Secrets a storage client reads from its environment. The service's own reads of
+# checkpoints use them; a job's ranks read their node's own (a profile, an instance role),
+# or these where the operator passes them on (PASS_CREDENTIALS_ENV).
+STORAGE_CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_SAS_TOKEN",
+)
+PASS_CREDENTIALS_ENV = "SHARDLINE_PASS_STORAGE_CREDENTIALS"
+
+
+def credentials_withheld() -> tuple[str, ...]:
+    """The storage credentials of this process a Ray process it starts does not get: all of
+    them, unless SHARDLINE_PASS_STORAGE_CREDENTIALS is 1 (or true, yes)."""
+    passed = os.environ.get(PASS_CREDENTIALS_ENV, "").strip().lower() in ("1", "true", "yes")
+    return () if passed else tuple(k for k in STORAGE_CREDENTIALS if k in os.environ)
+
+
 @dataclass(frozen=True)
 class LocalRay:
     address: str
@@ -88,8 +110,14 @@ class LocalRay:
 
     def process_env(self) -> dict[str, str]:
         """This process's environment for a Ray process joining this head: the head's token
-        file, and no RAY_AUTH_TOKEN of ours (it would take precedence over the file)."""
-        return {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"} | self.auth_env
+        file, no RAY_AUTH_TOKEN of ours (it would take precedence over the file), and none
+        of our storage credentials unless the operator passes them (every job's ranks
+        inherit a node's environment: credentials_withheld)."""
+        return {
+            k: v
+            for k, v in os.environ.items()
+            if k != "RAY_AUTH_TOKEN" and k not in credentials_withheld()
+        } | self.auth_env
 
     def use_auth(self) -> None:
         """Make this process's `ray.init` present the head's token and join it on

@@ -39,7 +39,7 @@ def serve(
     from shardline.api.app import create_app
     from shardline.api.listening import server_config
     from shardline.service.db import Database
-    from shardline.service.local_ray import LocalRay, start_local_ray
+    from shardline.service.local_ray import LocalRay, credentials_withheld, start_local_ray
     from shardline.service.migrate import upgrade_to_head
     from shardline.service.store import JobStore
     from shardline.service.users import UserDirectory, bootstrap_admin
@@ -87,6 +87,13 @@ def serve(
     address = settings.ray_address
     if not address:
         local = start_local_ray(settings.state_dir, settings.ray_num_cpus)
+        if withheld := credentials_withheld():
+            console.print(
+                f"The local Ray head's jobs do not get this process's {', '.join(withheld)}: "
+                "their ranks read the node's own credentials (a profile, an instance role); "
+                "set SHARDLINE_PASS_STORAGE_CREDENTIALS=1 to pass these on.",
+                soft_wrap=True,
+            )
         local.use_auth()  # before ray is imported: it reads its auth settings then
         address = local.address
     from shardline.service.ray_runtime import RayRuntime

@@ -30,10 +30,12 @@ BODY = job_spec("e2e-s3", steps=STEPS, seed=7)
 
 @pytest.fixture
 def s3_service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
-    """A Ray head started after the S3 variables are set, as a node configured for the
-    bucket would be: the workers read their credentials from their own environment."""
+    """A Ray head started after the S3 variables are set, with the operator's switch that
+    passes the credentials on (the service's Ray processes get none by default): the
+    workers read them from their own environment, as on a node configured for the bucket."""
     with ExitStack() as stack:
         stack.enter_context(local_s3(monkeypatch, tmp_path / "moto.log"))
+        monkeypatch.setenv("SHARDLINE_PASS_STORAGE_CREDENTIALS", "1")
         if ray.is_initialized():  # this process may be connected to the tier's own head
             ray.shutdown()
         head = start_local_ray(tmp_path / "ray-state", CLUSTER_CPUS)
